@@ -1,0 +1,31 @@
+# voxjet: stage → shard/preprocess → train → evaluate → aggregate, for jets (ROOT) and
+# volumes (NIfTI). Logic lives in the `voxjet` package; rules call its CLI.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+
+
+check_config_or_fail(config, workflow.source_path("config/schema.yaml"))
+validate(config, "config/schema.yaml")
+RUNS = expand_runs_or_fail(config)
+
+
+include: "workflow/rules/synth.smk"
+include: "workflow/rules/stage.smk"
+include: "workflow/rules/shard.smk"
+include: "workflow/rules/preprocess.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    input:
+        rules.aggregate.output,
+    default_target: True

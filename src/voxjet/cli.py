@@ -1,0 +1,183 @@
+"""The `voxjet` command that every Snakemake rule calls."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from voxjet.config import from_dict, parse_json_arg
+from voxjet.errors import VoxjetError
+
+
+def _synth_jets(a: argparse.Namespace) -> None:
+    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+
+    if a.generator != "toy":
+        raise VoxjetError(f"generator {a.generator!r} is not available; use 'toy'")
+    cfg = ToyJetsConfig(classes=a.classes, files_per_class=a.files_per_class,
+                        jets_per_file=a.jets_per_file, seed=a.seed)
+    generate_dataset(a.out, cfg)
+
+
+def _synth_volumes(a: argparse.Namespace) -> None:
+    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+
+    generate_dataset(a.out, ToyVolumesConfig(train_cases=a.train_cases, test_cases=a.test_cases,
+                                             seed=a.seed))
+
+
+def _stage(a: argparse.Namespace) -> None:
+    from voxjet.stage.transfer import load_expected, stage
+
+    m = stage(a.source, a.dest, a.manifest, patterns=a.pattern, expected=load_expected(a.checksums),
+              tree=a.tree, workers=a.workers, retries=a.retries)
+    print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
+
+
+def _shard_jets(a: argparse.Namespace) -> None:
+    from voxjet.jets.shard import JetDataConfig, shard_jets
+
+    cfg = from_dict(JetDataConfig, parse_json_arg(a.config, "--config"), "jets config")
+    index = shard_jets(a.manifest, a.out, cfg)
+    print(json.dumps({k: v["jets"] for k, v in index["splits"].items()}), file=sys.stderr)
+
+
+def _preprocess(a: argparse.Namespace) -> None:
+    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+
+    cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
+    plan = preprocess_dataset(a.manifest, a.out, cfg)
+    print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
+
+
+def _train_jets(a: argparse.Namespace) -> None:
+    from voxjet.jets.train import run
+
+    run(a.shards, parse_json_arg(a.run_config, "--run-config"), a.out)
+
+
+def _train_seg(a: argparse.Namespace) -> None:
+    from voxjet.volumes.train import run
+
+    run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out)
+
+
+def _evaluate_jets(a: argparse.Namespace) -> None:
+    from voxjet.jets.evaluate import evaluate
+
+    m = evaluate(a.shards, a.model, a.out)
+    print(f"test accuracy {m['accuracy']:.4f}, macro AUC {m['auc_macro']:.4f}", file=sys.stderr)
+
+
+def _evaluate_seg(a: argparse.Namespace) -> None:
+    from voxjet.volumes.evaluate import evaluate
+
+    m = evaluate(a.cases, a.model, a.out)
+    print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
+
+
+def _aggregate(a: argparse.Namespace) -> None:
+    from voxjet.report.aggregate import RunInfo, aggregate
+
+    runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
+    out = aggregate(runs, a.out)
+    if out["missing"]:
+        print(f"runs without metrics (listed as missing): {out['missing']}", file=sys.stderr)
+
+
+def _launch(a: argparse.Namespace) -> None:
+    from voxjet.distributed.launch import exec_torchrun
+
+    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    if not args:
+        raise VoxjetError("launch: give the voxjet command to run after --")
+    exec_torchrun(a.gpus, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subcommand a pipeline step."""
+    p = argparse.ArgumentParser(prog="voxjet", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth-jets", help="write toy jets as ROOT files in the JetClass schema")
+    s.add_argument("--out", required=True)
+    s.add_argument("--generator", default="toy")
+    s.add_argument("--classes", nargs="+", default=["QCD", "Hbb", "Wqq", "Tbqq"])
+    s.add_argument("--files-per-class", type=int, default=2)
+    s.add_argument("--jets-per-file", type=int, default=2000)
+    s.add_argument("--seed", type=int, default=1)
+    s.set_defaults(func=_synth_jets)
+
+    s = sub.add_parser("synth-volumes", help="write a toy CT dataset in the MSD layout")
+    s.add_argument("--out", required=True)
+    s.add_argument("--train-cases", type=int, default=12)
+    s.add_argument("--test-cases", type=int, default=2)
+    s.add_argument("--seed", type=int, default=7)
+    s.set_defaults(func=_synth_volumes)
+
+    s = sub.add_parser("stage", help="copy a dataset to fast storage, verified by checksum")
+    s.add_argument("--source", required=True, help="directory, glob or fsspec URL")
+    s.add_argument("--dest", required=True)
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--pattern", nargs="+", default=["*"])
+    s.add_argument("--checksums", default=None, help="JSON {relative path: checksum} to verify")
+    s.add_argument("--tree", default=None, help="ROOT tree whose entries the manifest records")
+    s.add_argument("--workers", type=int, default=4)
+    s.add_argument("--retries", type=int, default=3)
+    s.set_defaults(func=_stage)
+
+    s = sub.add_parser("shard-jets", help="ROOT files to shuffled HDF5 shards")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--config", required=True, help="JSON (or @file) jets data config")
+    s.set_defaults(func=_shard_jets)
+
+    s = sub.add_parser("preprocess-volumes", help="fingerprint, plan and preprocess cases")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
+    s.set_defaults(func=_preprocess)
+
+    for name, data_arg, func in (("train-jets", "--shards", _train_jets),
+                                 ("train-seg", "--cases", _train_seg)):
+        s = sub.add_parser(name, help="train one run (launch through torchrun for several GPUs)")
+        s.add_argument(data_arg, required=True)
+        s.add_argument("--run-config", required=True, help="JSON (or @file) resolved run config")
+        s.add_argument("--out", required=True)
+        s.set_defaults(func=func)
+
+    for name, data_arg, func in (("evaluate-jets", "--shards", _evaluate_jets),
+                                 ("evaluate-seg", "--cases", _evaluate_seg)):
+        s = sub.add_parser(name, help="score the test split with a trained model")
+        s.add_argument(data_arg, required=True)
+        s.add_argument("--model", required=True)
+        s.add_argument("--out", required=True)
+        s.set_defaults(func=func)
+
+    s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")
+    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
+    s.set_defaults(func=_launch)
+
+    s = sub.add_parser("aggregate", help="tidy metrics.csv and summary.md over all runs")
+    s.add_argument("--runs", required=True, help="JSON (or @file) list of runs")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_aggregate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run a subcommand; user errors print one clear line and exit 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except VoxjetError as e:
+        print(f"voxjet {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

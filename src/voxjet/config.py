@@ -1,0 +1,157 @@
+"""Typed configs from the validated YAML, the config check with readable messages, and the
+expansion of experiments (with sweeps) into runs. Pure functions: the Snakefile and the CLI
+both call them, and tests call them without Snakemake."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from voxjet.errors import VoxjetError
+
+T = TypeVar("T")
+
+_TYPE_WORDS = {"object": "a mapping (key: value)", "array": "a list", "string": "a string",
+               "integer": "an integer", "number": "a number", "boolean": "true or false",
+               "null": "null"}
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Build dataclass `cls` from a mapping, refusing keys it does not have."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise VoxjetError(f"{where}: unknown keys {unknown}; known: {sorted(names)}")
+    return cls(**data)
+
+
+def _key_path(path) -> str:
+    parts = []
+    for p in path:
+        parts.append(f"[{p}]" if isinstance(p, int) else ("." if parts else "") + str(p))
+    return "".join(parts) or "(top level)"
+
+
+def _explain(error) -> str:
+    where = _key_path(error.absolute_path)
+    v = error.validator
+    if v == "type":
+        want = error.validator_value
+        want = " or ".join(_TYPE_WORDS.get(t, t) for t in ([want] if isinstance(want, str)
+                                                             else want))
+        return f"config key '{where}': expected {want}, got {error.instance!r}"
+    if v == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        known = sorted(error.schema.get("properties", {}))
+        return (f"config key '{where}': unknown key(s) {extra}"
+                + (f"; allowed: {known}" if known else "")
+                + " (a typo? see config/README.md)")
+    if v == "required":
+        return f"config key '{where}': {error.message} (see config/README.md)"
+    if v == "enum":
+        return f"config key '{where}': {error.instance!r} is not one of {error.validator_value}"
+    return f"config key '{where}': {error.message}"
+
+
+def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
+    """Validate against the JSON schema; raise one error that lists every problem by key path."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    leaf = []
+    for e in errors:
+        # if/then branches report the inner error as context; report the innermost ones.
+        leaf.extend(e.context or [e])
+    if leaf:
+        msgs = sorted({_explain(e) for e in leaf})
+        raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
+    for name, exp in config.get("experiments", {}).items():
+        if exp["dataset"] not in config.get("datasets", {}):
+            raise VoxjetError(f"config key 'experiments.{name}.dataset': no dataset named "
+                              f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training job: an experiment with one combination of its sweep values."""
+
+    run_id: str
+    experiment: str
+    dataset: str
+    domain: str
+    params: dict[str, Any]
+    config: dict[str, Any]
+
+    def as_json(self) -> str:
+        """The resolved run config the training command reads."""
+        return json.dumps(self.config, sort_keys=True)
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]", "_", str(value))
+
+
+def _set_dotted(d: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    *parents, last = dotted.split(".")
+    cur = d
+    for p in parents:
+        if not isinstance(cur.get(p), dict):
+            raise VoxjetError(f"{where}: sweep key {dotted!r} does not name a setting; use e.g. "
+                              "'train.lr' or 'model.phi_sizes'")
+        cur = cur[p]
+    cur[last] = value
+
+
+def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
+    """Every run of every experiment: a sweep of n values becomes n runs."""
+    runs: dict[str, Run] = {}
+    for name, exp in config.get("experiments", {}).items():
+        domain = config["datasets"][exp["dataset"]]["domain"]
+        sweep = exp.get("sweep") or {}
+        keys = sorted(sweep)
+        for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
+            cfg = {"model": copy.deepcopy(exp.get("model", {})),
+                   "train": copy.deepcopy(exp.get("train", {}))}
+            params = dict(zip(keys, combo, strict=True))
+            for k, v in params.items():
+                _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
+            suffix = "".join(f"_{k.split('.')[-1]}-{_slug(v)}" for k, v in params.items())
+            run_id = name + suffix
+            cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
+            runs[run_id] = Run(run_id, name, exp["dataset"], domain, params, cfg)
+    return runs
+
+
+def parse_json_arg(value: str, what: str) -> Any:
+    """A CLI argument that is JSON text or @path to a JSON file."""
+    try:
+        if value.startswith("@"):
+            return json.loads(Path(value[1:]).read_text())
+        return json.loads(value)
+    except (OSError, json.JSONDecodeError) as e:
+        raise VoxjetError(f"{what}: not valid JSON ({e})") from e
+
+
+def check_sources(config: Mapping[str, Any]) -> None:
+    """Local source paths of real datasets must exist (checked at parse time, `-n` included).
+    Only the path itself is looked at: no directory scans, however many files it holds."""
+    for name, ds in config.get("datasets", {}).items():
+        path = ds.get("source", {}).get("path")
+        if not path or "://" in path:
+            continue
+        probe = Path(path)
+        if any(c in path for c in "*?["):
+            probe = Path(path.split("*")[0].split("?")[0].split("[")[0]).parent
+        if not probe.exists():
+            raise VoxjetError(f"config key 'datasets.{name}.source.path': {path!r} does not exist; "
+                              "point it at the dataset's directory (or a glob / URL)")

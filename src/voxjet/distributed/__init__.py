@@ -1,0 +1,1 @@
+"""Process groups from torchrun's variables, checkpoints and preemption signals."""

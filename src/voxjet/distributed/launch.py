@@ -1,0 +1,33 @@
+"""Build the torchrun command line for a training job (torchrun does the launching; this only
+picks its arguments): one process a GPU, or one process on a machine without CUDA."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+
+def processes_per_node(gpus: int) -> int:
+    """GPUs asked for when CUDA sees that many, else what it sees, else one CPU process."""
+    import torch
+
+    if gpus > 0 and torch.cuda.is_available():
+        return min(gpus, torch.cuda.device_count())
+    return 1
+
+
+def torchrun_argv(voxjet_args: list[str], nproc: int) -> list[str]:
+    """`torchrun --standalone --nproc-per-node=N --no-python voxjet ARGS...` for one node."""
+    torchrun = shutil.which("torchrun") or "torchrun"
+    voxjet = shutil.which("voxjet") or "voxjet"
+    return [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", voxjet,
+            *voxjet_args]
+
+
+def exec_torchrun(gpus: int, voxjet_args: list[str]) -> None:
+    """Replace this process with torchrun running `voxjet ARGS` on this node."""
+    nproc = processes_per_node(gpus)
+    argv = torchrun_argv(voxjet_args, nproc)
+    print("launch:", " ".join(argv), file=sys.stderr, flush=True)
+    os.execvp(argv[0], argv)

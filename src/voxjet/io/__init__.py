@@ -1,0 +1,1 @@
+"""File helpers shared by every stage: atomic writes and HDF5 access."""

@@ -1,0 +1,1 @@
+"""Jet tagging: ROOT reading, the toy JetClass generator, shards, models and metrics."""

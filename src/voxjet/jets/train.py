@@ -1,0 +1,78 @@
+"""`voxjet train-jets`: a jet tagger on the shards, through the shared training loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.jets.dataset import epoch_batches, load_index, load_split
+from voxjet.jets.metrics import jet_metrics
+from voxjet.jets.models import build_model
+from voxjet.training.loop import TrainSettings, train
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data, device: torch.device, batch_size: int = 2048) -> np.ndarray:
+    """Class probabilities for every jet of `data`."""
+    model.eval()
+    out = []
+    for lo in range(0, len(data), batch_size):
+        b = data.take(np.arange(lo, min(lo + batch_size, len(data))))
+        logits = model(b["particles"].to(device), b["mask"].to(device))
+        out.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
+    return np.concatenate(out)
+
+
+class JetTask:
+    """Jet tagging for the shared loop: cross-entropy on shards, macro AUC picks the best."""
+
+    def __init__(self, shard_dir: str | Path, model_cfg: dict[str, Any], s: TrainSettings):
+        self.index = load_index(shard_dir)
+        self.train_data = load_split(shard_dir, "train")
+        self.val_data = load_split(shard_dir, "val")
+        self.model_cfg = {"n_features": len(self.index["particle_features"]),
+                          "n_classes": len(self.index["classes"]),
+                          "particle_mean": self.index["particle_mean"],
+                          "particle_std": self.index["particle_std"], **model_cfg}
+        self.s = s
+
+    def build_model(self) -> nn.Module:
+        return build_model(**self.model_cfg)
+
+    def model_config(self) -> dict[str, Any]:
+        return {**self.model_cfg, "classes": self.index["classes"]}
+
+    def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+        for idx in epoch_batches(len(self.train_data), self.s.batch_size, epoch, start,
+                                 self.s.seed, rt.rank, rt.world_size):
+            yield self.train_data.take(idx)
+
+    def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
+        logits = model(batch["particles"].to(device), batch["mask"].to(device))
+        return F.cross_entropy(logits.float(), batch["labels"].to(device)), len(batch["labels"])
+
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        probs = predict(model, self.val_data, device)
+        m = jet_metrics(probs, self.val_data.labels.numpy(), self.index["classes"])
+        return {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
+
+
+def run(shard_dir: str, run_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
+    """Train one run of a jet experiment into `out_dir`."""
+    rt = init_runtime()
+    s = TrainSettings(**run_config.get("train", {}))
+    model_cfg = dict(run_config.get("model", {}))
+    for key in ("phi_sizes", "f_sizes"):
+        if key in model_cfg:
+            model_cfg[key] = tuple(model_cfg[key])
+    try:
+        return train(JetTask(shard_dir, model_cfg, s), s, out_dir, rt, rate_key="jets_per_s")
+    finally:
+        shutdown(rt)

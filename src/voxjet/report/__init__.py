@@ -1,0 +1,1 @@
+"""Aggregation of every run's metrics into tidy tables and summaries."""

@@ -1,0 +1,1 @@
+"""Staging: copy datasets from where they live to fast storage, verified by checksum."""

@@ -1,0 +1,1 @@
+"""Pieces both training loops share: schedules, metric logs, run configs."""

@@ -1,0 +1,191 @@
+"""The training loop both domains share: DDP, schedule, gradient clipping, AMP on CUDA,
+periodic validation with a best checkpoint, atomic checkpoints with the loader position,
+exact resume, and SIGTERM/SIGUSR1 turned into a checkpoint and a resumable exit."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from voxjet.distributed import checkpoint
+from voxjet.distributed.runtime import Runtime
+from voxjet.io.atomic import atomic_path
+from voxjet.training.logger import MetricsLog, StepTimer
+from voxjet.training.schedule import multiplier
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation settings from the experiment's `train:` section."""
+
+    steps: int = 300
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    optimizer: str = "adamw"
+    momentum: float = 0.99
+    schedule: str = "cosine"
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+    log_every: int = 10
+    eval_every: int = 100
+    checkpoint_every: int = 100
+    scale_lr_with_world: bool = True
+    seed: int = 0
+
+
+class Task(Protocol):
+    """What a domain supplies to the loop."""
+
+    def build_model(self) -> nn.Module:
+        """A fresh model on CPU."""
+
+    def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[Any]:
+        """This rank's batches of `epoch`, from batch index `start` on (deterministic)."""
+
+    def loss(self, model: nn.Module, batch: Any, device: torch.device) -> tuple[torch.Tensor, int]:
+        """The loss of one batch and how many items (jets, patches) it held."""
+
+    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+        """Validation metrics; `score` (higher is better) picks the best checkpoint."""
+
+    def model_config(self) -> dict[str, Any]:
+        """What evaluation needs to rebuild the model."""
+
+
+def _optimizer(params, s: TrainSettings, lr: float) -> torch.optim.Optimizer:
+    if s.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=s.weight_decay)
+    if s.optimizer == "sgd":  # nnU-Net's recipe
+        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, nesterov=True,
+                               weight_decay=s.weight_decay)
+    raise ValueError(f"unknown optimizer {s.optimizer!r} (adamw or sgd)")
+
+
+def _any_rank(flag: bool, rt: Runtime) -> bool:
+    if not rt.distributed:
+        return flag
+    t = torch.tensor([int(flag)], device=rt.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
+          rate_key: str = "items_per_s") -> dict[str, Any]:
+    """Train to `s.steps` (resuming from checkpoints/last.pt when present); returns a summary."""
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    last_path, best_path = ckpt_dir / "last.pt", ckpt_dir / "best.pt"
+    log = MetricsLog(ckpt_dir / "metrics.jsonl", enabled=rt.is_main)
+    torch.manual_seed(s.seed)
+    model = task.build_model().to(rt.device)
+    lr = s.lr * (rt.world_size if s.scale_lr_with_world else 1)
+    opt = _optimizer(model.parameters(), s, lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: multiplier(s.schedule, step, s.steps, s.warmup_steps))
+    amp = rt.device.type == "cuda"
+    step, epoch, pos, best = 0, 0, 0, float("-inf")
+    state = checkpoint.load(last_path)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        checkpoint.set_rng_state(state["rng"][min(rt.rank, len(state["rng"]) - 1)])
+        step, epoch, pos, best = state["step"], state["epoch"], state["position"], state["best"]
+        log.truncate_after(step)
+        if rt.is_main:
+            print(f"resumed from {last_path} at step {step}", file=sys.stderr)
+    ddp = (torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None)
+        if rt.distributed else model)
+
+    def save_last() -> None:
+        rng = [checkpoint.rng_state()]
+        if rt.distributed:
+            gathered: list[Any] = [None] * rt.world_size
+            dist.all_gather_object(gathered, rng[0])
+            rng = gathered
+        if rt.is_main:
+            checkpoint.save(last_path, {
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "rng": rng, "step": step, "epoch": epoch,
+                "position": pos, "best": best, "settings": asdict(s),
+                "world_size": rt.world_size})
+
+    preempt = checkpoint.PreemptionFlag()
+    timer = StepTimer()
+    bar = tqdm(total=s.steps, initial=step, desc=f"train {run_dir.name}", unit="step",
+               disable=not rt.is_main, mininterval=2.0)
+    running, count = 0.0, 0
+    try:
+        while step < s.steps:
+            for batch in task.batches(epoch, pos, rt):
+                timer.data_ready()
+                ddp.train()
+                with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():
+                    loss, n = task.loss(ddp, batch, rt.device)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if s.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+                opt.step()
+                sched.step()
+                step, pos = step + 1, pos + 1
+                running, count = running + float(loss.detach()), count + 1
+                timer.step_done(n * rt.world_size)
+                bar.update(1)
+                if step % s.log_every == 0 or step == s.steps:
+                    rec = {"step": step, "epoch": epoch, "loss": running / count,
+                           "lr": sched.get_last_lr()[0], **timer.summary()}
+                    rec[rate_key] = rec.pop("items_per_s")
+                    log.write(rec)
+                    bar.set_postfix(loss=f"{running / count:.4f}")
+                    running, count = 0.0, 0
+                    timer.reset()
+                if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+                    if rt.is_main:
+                        metrics = task.validate(model, rt.device)
+                        log.write({"step": step, "split": "val", **metrics})
+                        if metrics["score"] > best:
+                            best = metrics["score"]
+                            checkpoint.save(best_path, {"model": model.state_dict(),
+                                                        "step": step, "score": best})
+                    if rt.distributed:
+                        best_t = [best]
+                        dist.broadcast_object_list(best_t, src=0)
+                        best = best_t[0]
+                    timer.reset()
+                if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.steps:
+                    save_last()
+                if _any_rank(preempt.raised, rt):
+                    save_last()
+                    if rt.is_main:
+                        print(f"preempted by signal {preempt.signum}: checkpoint at step {step} "
+                              f"in {last_path}; rerun to resume", file=sys.stderr)
+                    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+                if step >= s.steps:
+                    break
+            else:
+                epoch, pos = epoch + 1, 0
+    finally:
+        bar.close()
+        preempt.restore()
+    if rt.is_main:
+        best_state = checkpoint.load(best_path) or {"model": model.state_dict(), "step": step}
+        with atomic_path(run_dir / "model.pt") as tmp:
+            torch.save({"model": best_state["model"], "best_step": best_state["step"],
+                        "best_score": best, "model_config": task.model_config(),
+                        "settings": asdict(s), "world_size": rt.world_size}, tmp)
+        with atomic_path(run_dir / "metrics.jsonl") as tmp:
+            shutil.copyfile(ckpt_dir / "metrics.jsonl", tmp)
+    return {"step": step, "best": best}

@@ -1,0 +1,84 @@
+"""`voxjet evaluate-seg`: sliding-window predictions on the held-out test cases, Dice and HD95
+per class per case, and overlays of a few slices for a person to look at."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from voxjet.io.atomic import atomic_path, read_json, write_json
+from voxjet.volumes.inference import load_case, predict_case, seg_metrics
+from voxjet.volumes.models import build_unet
+from voxjet.volumes.patches import CaseStore
+
+
+def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
+    """Rebuild a trained segmentation model from model.pt."""
+    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    model = build_unet(**saved["model_config"])
+    model.load_state_dict(saved["model"])
+    return model, saved
+
+
+def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 3, figsize=(8, 2.7 * len(rows)), squeeze=False)
+    for r, (cid, image, label, pred) in enumerate(rows):
+        z = int(np.argmax((label > 0).sum((0, 1)))) if label.any() else image.shape[-1] // 2
+        for c, (title, over) in enumerate((("image", None), ("label", label), ("prediction", pred))):
+            ax = axes[r, c]
+            ax.imshow(image[0, :, :, z].T, cmap="gray", origin="lower")
+            if over is not None:
+                ax.imshow(np.ma.masked_equal(over[:, :, z].T, 0), cmap="autumn", alpha=0.5,
+                          origin="lower", vmin=0, vmax=max(2, int(over.max())))
+            ax.set_title(f"{cid}: {title} (z={z})", fontsize=8)
+            ax.axis("off")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5) -> dict:
+    """Score the test cases; write metrics.json (per case and mean per class) and overlays.png."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = read_json(Path(cases_dir) / "plan.json")
+    split = read_json(Path(cases_dir) / "splits.json")
+    cases = split["test"] or split["val"]
+    store = CaseStore(cases_dir, cases)
+    model, saved = load_trained(model_path)
+    n = plan["num_classes"]
+    names = {int(k): v for k, v in plan["labels"].items()}
+    per_case, rows = {}, []
+    for cid in cases:
+        image, label = load_case(store.file(cid))
+        pred = predict_case(model, image, plan["patch_size"], torch.device("cpu"), overlap)
+        per_case[cid] = {names[c]: m for c, m in
+                         seg_metrics(pred, label, n, plan["target_spacing"]).items()}
+        if len(rows) < 3:
+            rows.append((cid, image, label, pred))
+    store.close()
+    mean = {}
+    for c in range(1, n):
+        vals = [m[names[c]] for m in per_case.values() if m[names[c]]["present"]]
+        dice = [v["dice"] for v in vals]
+        hd = [v["hd95"] for v in vals if np.isfinite(v["hd95"])]
+        mean[names[c]] = {"dice": float(np.mean(dice)) if dice else float("nan"),
+                          "hd95": float(np.mean(hd)) if hd else float("nan"), "cases": len(vals)}
+    dices = [v["dice"] for v in mean.values() if np.isfinite(v["dice"])]
+    hds = [v["hd95"] for v in mean.values() if np.isfinite(v["hd95"])]
+    metrics = {"domain": "volumes", "split": "test", "n_cases": len(cases),
+               "dice_mean": float(np.mean(dices)) if dices else float("nan"),
+               "hd95_mean": float(np.mean(hds)) if hds else float("nan"),
+               "per_class": mean, "per_case": per_case, "best_step": saved["best_step"]}
+    if rows:
+        _plot_overlays(out / "overlays.png", rows)
+    write_json(out / "metrics.json", metrics)
+    return metrics

@@ -1,0 +1,111 @@
+# Helpers for the rules: config checks and input functions. Logic stays in the voxjet package.
+import json
+import re
+
+from snakemake.exceptions import WorkflowError
+
+from voxjet.config import check_config, check_sources, expand_runs
+from voxjet.errors import VoxjetError
+
+ENV = "../../envs/voxjet.yaml"
+
+
+wildcard_constraints:
+    dataset="[A-Za-z0-9_-]+",
+    run="[A-Za-z0-9_.+-]+",
+
+
+def check_config_or_fail(config, schema_path):
+    """Fail before any job with every config problem named by key path."""
+    try:
+        check_config(config, schema_path)
+        check_sources(config)
+    except VoxjetError as e:
+        raise WorkflowError(str(e))
+
+
+def expand_runs_or_fail(config):
+    try:
+        return expand_runs(config)
+    except VoxjetError as e:
+        raise WorkflowError(str(e))
+
+
+def dataset_cfg(name):
+    return config["datasets"][name]
+
+
+def datasets_of(domain):
+    return [d for d, c in config["datasets"].items() if c["domain"] == domain]
+
+
+def one_of(names):
+    """A wildcard regex matching exactly these names (or nothing)."""
+    return "|".join(re.escape(n) for n in names) or "(?!)"
+
+
+def runs_of(domain):
+    return [r for r in RUNS.values() if r.domain == domain]
+
+
+def is_synthetic(name):
+    return "synthetic" in dataset_cfg(name)["source"]
+
+
+def stage_input(wildcards):
+    """Generated datasets are made by their synth rule; real ones are read from source.path."""
+    if not is_synthetic(wildcards.dataset):
+        return []
+    return f"resources/synthetic/{wildcards.dataset}"
+
+
+def stage_source(wildcards):
+    if is_synthetic(wildcards.dataset):
+        return f"resources/synthetic/{wildcards.dataset}"
+    return dataset_cfg(wildcards.dataset)["source"]["path"]
+
+
+def stage_options(wildcards):
+    """Patterns, checksum manifest and (for ROOT) the tree whose entries the manifest records."""
+    ds = dataset_cfg(wildcards.dataset)
+    default = ["*.root"] if ds["domain"] == "jets" else ["*"]
+    opts = ["--pattern", *ds["source"].get("patterns", default)]
+    if ds["source"].get("checksums"):
+        opts += ["--checksums", ds["source"]["checksums"]]
+    if ds["domain"] == "jets":
+        opts += ["--tree", ds["jets"]["tree"]]
+    return " ".join(f"'{o}'" for o in opts)
+
+
+def synth_args(wildcards):
+    s = dataset_cfg(wildcards.dataset)["source"]["synthetic"]
+    return " ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                    for k, v in s.items())
+
+
+def data_config(section):
+    """The dataset's jets/volumes section as JSON for the CLI (a change reruns the stage)."""
+    return lambda wildcards: json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
+
+
+def run_config(wildcards):
+    return RUNS[wildcards.run].as_json()
+
+
+def run_launch(wildcards):
+    return config["experiments"][RUNS[wildcards.run].experiment]["launch"]
+
+
+def eval_targets(domain=None):
+    return [f"results/{r.dataset}/runs/{r.run_id}/eval/metrics.json" for r in RUNS.values()
+            if domain is None or r.domain == domain]
+
+
+def aggregate_runs():
+    """What the aggregate step needs to know about every run, as JSON."""
+    return json.dumps([
+        {"dataset": r.dataset, "domain": r.domain, "experiment": r.experiment, "run": r.run_id,
+         "params": r.params,
+         "eval_metrics": f"results/{r.dataset}/runs/{r.run_id}/eval/metrics.json",
+         "train_metrics": f"results/{r.dataset}/runs/{r.run_id}/metrics.jsonl"}
+        for r in RUNS.values()], sort_keys=True)

@@ -1,0 +1,53 @@
+# Score each run on its dataset's held-out test split.
+
+
+rule evaluate_jets:
+    input:
+        shards=rules.shard_jets.output[0],
+        model=rules.train_jets.output.model,
+    output:
+        metrics="results/{dataset}/runs/{run}/eval/metrics.json",
+    params:
+        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
+    log:
+        "logs/evaluate_jets/{dataset}/{run}.log",
+    benchmark:
+        "results/benchmarks/evaluate_jets/{dataset}/{run}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("jets")),
+        run=one_of([r.run_id for r in runs_of("jets")]),
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        ENV
+    shell:
+        "voxjet evaluate-jets --shards {input.shards} --model {input.model}"
+        " --out {params.out} > {log} 2>&1"
+
+
+rule evaluate_seg:
+    input:
+        cases=rules.preprocess_volumes.output[0],
+        model=rules.train_seg.output.model,
+    output:
+        metrics="results/{dataset}/runs/{run}/eval/metrics.json",
+    params:
+        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
+    log:
+        "logs/evaluate_seg/{dataset}/{run}.log",
+    benchmark:
+        "results/benchmarks/evaluate_seg/{dataset}/{run}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+        run=one_of([r.run_id for r in runs_of("volumes")]),
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        ENV
+    shell:
+        "voxjet evaluate-seg --cases {input.cases} --model {input.model}"
+        " --out {params.out} > {log} 2>&1"

@@ -1,0 +1,27 @@
+# Copy each dataset to fast storage, verified by checksum; the manifest is written last.
+
+
+rule stage:
+    input:
+        stage_input,
+    output:
+        "resources/{dataset}/manifest.json",
+    params:
+        source=stage_source,
+        dest=lambda wildcards: f"resources/{wildcards.dataset}/data",
+        options=stage_options,
+        workers=config["stage"]["workers"],
+        retries=config["stage"]["retries"],
+    log:
+        "logs/stage/{dataset}.log",
+    benchmark:
+        "results/benchmarks/stage/{dataset}.tsv"
+    threads: 2
+    resources:
+        mem_mb=2000,
+        runtime=240,
+    conda:
+        ENV
+    shell:
+        "voxjet stage --source {params.source:q} --dest {params.dest} --manifest {output}"
+        " --workers {params.workers} --retries {params.retries} {params.options} > {log} 2>&1"

@@ -1,0 +1,43 @@
+# Demo data: toy jets as ROOT files (JetClass schema) and toy CT volumes (MSD layout).
+
+
+rule synth_jets:
+    output:
+        directory("resources/synthetic/{dataset}"),
+    params:
+        args=synth_args,
+    log:
+        "logs/synth_jets/{dataset}.log",
+    benchmark:
+        "results/benchmarks/synth_jets/{dataset}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("jets")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        ENV
+    shell:
+        "voxjet synth-jets --out {output} {params.args} > {log} 2>&1"
+
+
+rule synth_volumes:
+    output:
+        directory("resources/synthetic/{dataset}"),
+    params:
+        args=synth_args,
+    log:
+        "logs/synth_volumes/{dataset}.log",
+    benchmark:
+        "results/benchmarks/synth_volumes/{dataset}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    conda:
+        ENV
+    shell:
+        "voxjet synth-volumes --out {output} {params.args} > {log} 2>&1"

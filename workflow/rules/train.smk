@@ -1,0 +1,62 @@
+# One job a run (a sweep of n values is n jobs); torchrun starts one process a GPU.
+# Checkpoints live beside the declared outputs, so a killed or preempted job resumes.
+
+
+rule train_jets:
+    input:
+        shards=rules.shard_jets.output[0],
+    output:
+        model="results/{dataset}/runs/{run}/model.pt",
+        metrics="results/{dataset}/runs/{run}/metrics.jsonl",
+    params:
+        run_config=run_config,
+        gpus=lambda wildcards: run_launch(wildcards)["gpus"],
+        run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
+    log:
+        "logs/train_jets/{dataset}/{run}.log",
+    benchmark:
+        "results/benchmarks/train_jets/{dataset}/{run}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("jets")),
+        run=one_of([r.run_id for r in runs_of("jets")]),
+    threads: lambda wildcards: run_launch(wildcards)["threads"]
+    resources:
+        gpu=lambda wildcards: run_launch(wildcards)["gpus"],
+        mem_mb=lambda wildcards: run_launch(wildcards)["mem_mb"],
+        runtime=lambda wildcards: run_launch(wildcards)["runtime"],
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus} --"
+        " train-jets --shards {input.shards} --run-config {params.run_config:q}"
+        " --out {params.run_dir} > {log} 2>&1"
+
+
+rule train_seg:
+    input:
+        cases=rules.preprocess_volumes.output[0],
+    output:
+        model="results/{dataset}/runs/{run}/model.pt",
+        metrics="results/{dataset}/runs/{run}/metrics.jsonl",
+    params:
+        run_config=run_config,
+        gpus=lambda wildcards: run_launch(wildcards)["gpus"],
+        run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
+    log:
+        "logs/train_seg/{dataset}/{run}.log",
+    benchmark:
+        "results/benchmarks/train_seg/{dataset}/{run}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+        run=one_of([r.run_id for r in runs_of("volumes")]),
+    threads: lambda wildcards: run_launch(wildcards)["threads"]
+    resources:
+        gpu=lambda wildcards: run_launch(wildcards)["gpus"],
+        mem_mb=lambda wildcards: run_launch(wildcards)["mem_mb"],
+        runtime=lambda wildcards: run_launch(wildcards)["runtime"],
+    conda:
+        ENV
+    shell:
+        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus} --"
+        " train-seg --cases {input.cases} --run-config {params.run_config:q}"
+        " --out {params.run_dir} > {log} 2>&1"

@@ -1,0 +1,53 @@
+"""Shared fixtures: a copy of the workflow in a temporary folder, and snakemake runs in it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+BIN = Path(sys.executable).parent
+
+
+def snakemake_env() -> dict[str, str]:
+    """The environment the rules need: this venv's voxjet, torchrun and snakemake first."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@pytest.fixture
+def workflow_dir(tmp_path: Path) -> Path:
+    """The workflow's files (no data, no results) copied into a fresh folder."""
+    dest = tmp_path / "wf"
+    dest.mkdir()
+    shutil.copy(REPO / "Snakefile", dest / "Snakefile")
+    for sub in ("workflow", "config", "envs"):
+        shutil.copytree(REPO / sub, dest / sub)
+    return dest
+
+
+def run_snakemake(cwd: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    """`snakemake ARGS` in `cwd`, output captured."""
+    return subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=snakemake_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(path: Path, config: dict) -> Path:
+    """Dump a config dict as YAML."""
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def demo_config() -> dict:
+    """The demo config as a dict."""
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -1,0 +1,99 @@
+"""Config validation (good and bad) and the expansion of sweeps into runs."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from conftest import REPO
+
+from voxjet.config import check_config, check_sources, expand_runs, from_dict
+from voxjet.errors import VoxjetError
+from voxjet.jets.shard import JetDataConfig
+
+SCHEMA = REPO / "config" / "schema.yaml"
+
+
+def test_demo_config_is_valid(demo_config):
+    check_config(demo_config, SCHEMA)
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "config" / "examples").glob("*.yaml")))
+def test_example_configs_are_valid(example):
+    check_config(yaml.safe_load(example.read_text()), SCHEMA)
+
+
+def test_unknown_key_is_named_with_its_path(demo_config):
+    bad = copy.deepcopy(demo_config)
+    bad["datasets"]["toy_jets"]["jets"]["max_particle"] = 3
+    with pytest.raises(VoxjetError, match=r"datasets\.toy_jets\.jets.*unknown key.*max_particle"):
+        check_config(bad, SCHEMA)
+
+
+def test_wrong_type_names_key_and_expected_type(demo_config):
+    bad = copy.deepcopy(demo_config)
+    bad["experiments"]["pfn"]["train"]["steps"] = "many"
+    with pytest.raises(VoxjetError, match=r"experiments\.pfn\.train\.steps': expected an integer"):
+        check_config(bad, SCHEMA)
+
+
+def test_missing_required_value_is_named(demo_config):
+    bad = copy.deepcopy(demo_config)
+    del bad["datasets"]["toy_ct"]["source"]
+    with pytest.raises(VoxjetError, match=r"datasets\.toy_ct.*'source' is a required property"):
+        check_config(bad, SCHEMA)
+
+
+def test_domain_specific_sections_do_not_mix(demo_config):
+    bad = copy.deepcopy(demo_config)
+    bad["datasets"]["toy_jets"]["volumes"] = {}
+    with pytest.raises(VoxjetError, match=r"datasets\.toy_jets\.volumes"):
+        check_config(bad, SCHEMA)
+
+
+def test_experiment_must_name_a_defined_dataset(demo_config):
+    bad = copy.deepcopy(demo_config)
+    bad["experiments"]["pfn"]["dataset"] = "nope"
+    with pytest.raises(VoxjetError, match=r"experiments\.pfn\.dataset.*'nope'"):
+        check_config(bad, SCHEMA)
+
+
+def test_missing_source_path_is_reported(demo_config, tmp_path):
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["source"] = {"path": str(tmp_path / "absent")}
+    with pytest.raises(VoxjetError, match="absent.*does not exist"):
+        check_sources(cfg)
+    cfg["datasets"]["toy_jets"]["source"] = {"path": str(tmp_path / "absent" / "*.root")}
+    with pytest.raises(VoxjetError, match="does not exist"):
+        check_sources(cfg)
+    cfg["datasets"]["toy_jets"]["source"] = {"path": str(tmp_path / "*.root")}
+    check_sources(cfg)  # an existing folder with a glob is fine even before files exist
+
+
+def test_sweep_becomes_one_run_per_value(demo_config):
+    runs = expand_runs(demo_config)
+    jets = sorted(r for r, v in runs.items() if v.domain == "jets")
+    assert jets == ["pfn_lr-0.0005", "pfn_lr-0.003"]
+    assert {runs[r].config["train"]["lr"] for r in jets} == {0.0005, 0.003}
+    assert runs["unet"].params == {}
+    # the experiment's own values stay unchanged by the sweep
+    assert demo_config["experiments"]["pfn"]["train"]["lr"] == 0.002
+
+
+def test_two_sweep_keys_give_the_product(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["pfn"]["sweep"] = {"train.lr": [1e-3, 2e-3], "model.phi_sizes": [[8], [16]]}
+    assert len([r for r in expand_runs(cfg).values() if r.experiment == "pfn"]) == 4
+
+
+def test_sweep_of_unknown_section_fails(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["pfn"]["sweep"] = {"optim.lr": [1]}
+    with pytest.raises(VoxjetError, match="sweep key 'optim.lr'"):
+        expand_runs(cfg)
+
+
+def test_from_dict_refuses_unknown_keys():
+    with pytest.raises(VoxjetError, match="unknown keys.*'bogus'"):
+        from_dict(JetDataConfig, {"bogus": 1}, "jets config")

@@ -1,0 +1,112 @@
+"""Staging: checksums, atomic copies, manifests, skipping verified files, clear failures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+
+import pytest
+
+from voxjet.errors import VoxjetError
+from voxjet.stage.checksum import Adler32, algorithm_for, checksum_file
+from voxjet.stage.transfer import load_expected, stage
+
+
+def test_adler32_streams_like_zlib():
+    data = os.urandom(100_000)
+    h = Adler32()
+    for i in range(0, len(data), 7777):
+        h.update(data[i:i + 7777])
+    assert h.hexdigest() == f"{zlib.adler32(data) & 0xFFFFFFFF:08x}"
+    assert Adler32().hexdigest() == "00000001"
+
+
+def test_algorithm_follows_file_type(tmp_path):
+    assert algorithm_for("a/b.ROOT") == "adler32"
+    assert algorithm_for("case.nii.gz") == "sha256"
+    p = tmp_path / "x.nii.gz"
+    p.write_bytes(b"abc")
+    assert checksum_file(str(p)) == hashlib.sha256(b"abc").hexdigest()
+
+
+@pytest.fixture
+def source(tmp_path):
+    src = tmp_path / "src"
+    (src / "imagesTr").mkdir(parents=True)
+    (src / "dataset.json").write_text("{}")
+    (src / "imagesTr" / "a.nii.gz").write_bytes(os.urandom(5000))
+    (src / "b.root").write_bytes(os.urandom(3000))
+    (src / ".hidden").write_text("skip me")
+    return src
+
+
+def test_stage_copies_checksums_and_writes_manifest(source, tmp_path):
+    m = stage(str(source), tmp_path / "dst", tmp_path / "manifest.json")
+    files = {f["path"]: f for f in m["files"]}
+    assert set(files) == {"dataset.json", "imagesTr/a.nii.gz", "b.root"}
+    assert (tmp_path / "dst" / "imagesTr" / "a.nii.gz").read_bytes() == \
+        (source / "imagesTr" / "a.nii.gz").read_bytes()
+    assert files["b.root"]["checksum"] == {"adler32": checksum_file(str(source / "b.root"))}
+    assert files["imagesTr/a.nii.gz"]["size"] == 5000
+    assert json.loads((tmp_path / "manifest.json").read_text()) == m
+    assert not list((tmp_path / "dst").rglob("*.part"))
+
+
+def test_rerun_skips_verified_files_and_recopies_corrupt_ones(source, tmp_path):
+    stage(str(source), tmp_path / "dst", tmp_path / "manifest.json")
+    good = tmp_path / "dst" / "b.root"
+    bad = tmp_path / "dst" / "imagesTr" / "a.nii.gz"
+    os.utime(good, (1, 1))
+    bad.write_bytes(b"\0" * 5000)  # same size, wrong content
+    stage(str(source), tmp_path / "dst", tmp_path / "manifest.json")
+    assert good.stat().st_mtime == 1  # untouched
+    assert bad.read_bytes() == (source / "imagesTr" / "a.nii.gz").read_bytes()
+
+
+def test_glob_source_and_patterns(source, tmp_path):
+    m = stage(str(source / "*.root"), tmp_path / "dst", tmp_path / "m.json")
+    assert [f["path"] for f in m["files"]] == ["b.root"]
+    m = stage(str(source), tmp_path / "dst2", tmp_path / "m2.json", patterns=["*.nii.gz"])
+    assert [f["path"] for f in m["files"]] == ["imagesTr/a.nii.gz"]
+
+
+def test_checksum_mismatch_fails_naming_the_file_and_leaves_nothing(source, tmp_path):
+    with pytest.raises(VoxjetError, match=r"b\.root: adler32 .* does not match"):
+        stage(str(source), tmp_path / "dst", tmp_path / "m.json", patterns=["*.root"],
+              expected={"b.root": "deadbeef"})
+    assert not (tmp_path / "dst" / "b.root").exists()
+    assert not list((tmp_path / "dst").rglob("*.part"))
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_missing_source_and_empty_match_are_clear(tmp_path):
+    with pytest.raises(VoxjetError, match="does not exist"):
+        stage(str(tmp_path / "nope"), tmp_path / "dst", tmp_path / "m.json")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VoxjetError, match="no files matching"):
+        stage(str(tmp_path / "empty"), tmp_path / "dst", tmp_path / "m.json")
+
+
+def test_user_checksum_manifest_forms(tmp_path):
+    p = tmp_path / "sums.json"
+    p.write_text(json.dumps({"a.root": "0000abcd"}))
+    assert load_expected(str(p)) == {"a.root": "0000abcd"}
+    p.write_text(json.dumps({"files": [{"path": "a.root", "checksum": {"adler32": "01"}}]}))
+    assert load_expected(str(p)) == {"a.root": "01"}
+    p.write_text("[1, 2]")
+    with pytest.raises(VoxjetError, match="expected a JSON object"):
+        load_expected(str(p))
+
+
+def test_stage_records_root_entries(tmp_path):
+    from voxjet.jets.synth import ToyJetsConfig, generate_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    generate_file(src / "QCD_000.root", "QCD", 20, 0, ToyJetsConfig())
+    m = stage(str(src), tmp_path / "dst", tmp_path / "m.json", tree="tree")
+    assert m["files"][0]["entries"] == 20
+    with pytest.raises(VoxjetError, match="no tree named 'Events'"):
+        stage(str(src), tmp_path / "dst", tmp_path / "m.json", tree="Events")

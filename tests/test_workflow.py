@@ -1,0 +1,94 @@
+"""The Snakemake workflow through its CLI: dry runs (local and SLURM profile), lint, config
+errors that stop before any job, and the example configs for real datasets."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from conftest import REPO, run_snakemake, write_config
+
+DEMO_JOBS = {"synth_jets": 1, "synth_volumes": 1, "stage": 2, "shard_jets": 1,
+             "preprocess_volumes": 1, "train_jets": 2, "train_seg": 1, "evaluate_jets": 2,
+             "evaluate_seg": 1, "aggregate": 1, "all": 1}
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run."""
+    table = stdout.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+            if m.group(1) != "total"}
+
+
+def test_dry_run_lists_every_demo_job(workflow_dir):
+    r = run_snakemake(workflow_dir, "-n")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert job_counts(r.stdout) == DEMO_JOBS
+
+
+def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir):
+    r = run_snakemake(workflow_dir, "-n", "--workflow-profile", "workflow/profiles/slurm")
+    assert r.returncode == 0, r.stderr + r.stdout
+    blocks = r.stdout.split("\nrule ")
+    train = [b for b in blocks if b.startswith("train_")]
+    assert len(train) == 3
+    for b in train:
+        assert "gpu=1" in b and "slurm_partition=gpu" in b and "torchrun" not in b
+        assert "voxjet launch --gpus 1" in b
+    stage = [b for b in blocks if b.startswith("stage:")]
+    assert stage and all("slurm_partition=cpu" in b for b in stage)
+
+
+def test_lint_is_clean(workflow_dir):
+    r = run_snakemake(workflow_dir, "--lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Lints for" not in r.stdout + r.stderr
+
+
+def test_bad_config_fails_before_any_job_naming_the_key(workflow_dir, demo_config):
+    demo_config["experiments"]["unet"]["train"]["lr"] = "fast"
+    demo_config["datasets"]["toy_ct"]["volumes"]["patchsize"] = [1, 2, 3]
+    write_config(workflow_dir / "config" / "config.yaml", demo_config)
+    r = run_snakemake(workflow_dir, "-n")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "experiments.unet.train.lr': expected a number, got 'fast'" in out
+    assert "datasets.toy_ct.volumes': unknown key(s) ['patchsize']" in out
+    assert "Job stats" not in out
+
+
+def test_missing_required_value_fails_before_any_job(workflow_dir, demo_config):
+    del demo_config["experiments"]["pfn"]["dataset"]
+    write_config(workflow_dir / "config" / "config.yaml", demo_config)
+    r = run_snakemake(workflow_dir, "-n")
+    assert r.returncode != 0
+    assert "experiments.pfn': 'dataset' is a required property" in r.stdout + r.stderr
+
+
+def test_missing_dataset_path_fails_at_dry_run_with_the_path(workflow_dir, tmp_path):
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "msd_spleen.yaml").read_text())
+    cfg["datasets"]["spleen"]["source"]["path"] = str(tmp_path / "no" / "Task09_Spleen")
+    path = write_config(tmp_path / "c.yaml", cfg)
+    r = run_snakemake(workflow_dir, "-n", "--configfile", str(path), "--replace-workflow-config")
+    assert r.returncode != 0
+    assert f"{tmp_path / 'no' / 'Task09_Spleen'}' does not exist" in r.stdout + r.stderr
+
+
+def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
+    jetclass = tmp_path / "JetClass" / "Pythia" / "train_100M"
+    jetclass.mkdir(parents=True)
+    for c in ("HToBB", "ZJetsToNuNu"):
+        (jetclass / f"{c}_000.root").write_bytes(b"")
+    spleen = tmp_path / "Task09_Spleen"
+    (spleen / "imagesTr").mkdir(parents=True)
+    (spleen / "dataset.json").write_text("{}")
+    for name, path in (("jetclass", jetclass), ("msd_spleen", spleen)):
+        cfg = yaml.safe_load((REPO / "config" / "examples" / f"{name}.yaml").read_text())
+        ds = next(iter(cfg["datasets"]))
+        cfg["datasets"][ds]["source"]["path"] = str(path)
+        c = write_config(tmp_path / f"{name}.yaml", cfg)
+        r = run_snakemake(workflow_dir, "-n", "--configfile", str(c), "--replace-workflow-config")
+        assert r.returncode == 0, r.stdout + r.stderr
+        counts = job_counts(r.stdout)
+        assert counts["stage"] == 1 and "synth_jets" not in counts and "synth_volumes" not in counts
+        assert counts["aggregate"] == 1

@@ -37,8 +37,14 @@ def workflow_dir(tmp_path: Path) -> Path:
 
 def run_snakemake(cwd: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
     """`snakemake ARGS` in `cwd`, output captured."""
-    return subprocess.run([str(BIN / "snakemake"), *args], cwd=cwd, env=snakemake_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "snakemake"), *args],
+        cwd=cwd,
+        env=snakemake_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def write_config(path: Path, config: dict) -> Path:

@@ -18,7 +18,7 @@ def test_adler32_streams_like_zlib():
     data = os.urandom(100_000)
     h = Adler32()
     for i in range(0, len(data), 7777):
-        h.update(data[i:i + 7777])
+        h.update(data[i : i + 7777])
     assert h.hexdigest() == f"{zlib.adler32(data) & 0xFFFFFFFF:08x}"
     assert Adler32().hexdigest() == "00000001"
 
@@ -46,8 +46,9 @@ def test_stage_copies_checksums_and_writes_manifest(source, tmp_path):
     m = stage(str(source), tmp_path / "dst", tmp_path / "manifest.json")
     files = {f["path"]: f for f in m["files"]}
     assert set(files) == {"dataset.json", "imagesTr/a.nii.gz", "b.root"}
-    assert (tmp_path / "dst" / "imagesTr" / "a.nii.gz").read_bytes() == \
-        (source / "imagesTr" / "a.nii.gz").read_bytes()
+    assert (tmp_path / "dst" / "imagesTr" / "a.nii.gz").read_bytes() == (
+        source / "imagesTr" / "a.nii.gz"
+    ).read_bytes()
     assert files["b.root"]["checksum"] == {"adler32": checksum_file(str(source / "b.root"))}
     assert files["imagesTr/a.nii.gz"]["size"] == 5000
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
@@ -74,8 +75,13 @@ def test_glob_source_and_patterns(source, tmp_path):
 
 def test_checksum_mismatch_fails_naming_the_file_and_leaves_nothing(source, tmp_path):
     with pytest.raises(VoxjetError, match=r"b\.root: adler32 .* does not match"):
-        stage(str(source), tmp_path / "dst", tmp_path / "m.json", patterns=["*.root"],
-              expected={"b.root": "deadbeef"})
+        stage(
+            str(source),
+            tmp_path / "dst",
+            tmp_path / "m.json",
+            patterns=["*.root"],
+            expected={"b.root": "deadbeef"},
+        )
     assert not (tmp_path / "dst" / "b.root").exists()
     assert not list((tmp_path / "dst").rglob("*.part"))
     assert not (tmp_path / "m.json").exists()

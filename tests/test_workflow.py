@@ -8,16 +8,29 @@ import re
 import yaml
 from conftest import REPO, run_snakemake, write_config
 
-DEMO_JOBS = {"synth_jets": 1, "synth_volumes": 1, "stage": 2, "shard_jets": 1,
-             "preprocess_volumes": 1, "train_jets": 2, "train_seg": 1, "evaluate_jets": 2,
-             "evaluate_seg": 1, "aggregate": 1, "all": 1}
+DEMO_JOBS = {
+    "synth_jets": 1,
+    "synth_volumes": 1,
+    "stage": 2,
+    "shard_jets": 1,
+    "preprocess_volumes": 1,
+    "train_jets": 2,
+    "train_seg": 1,
+    "evaluate_jets": 2,
+    "evaluate_seg": 1,
+    "aggregate": 1,
+    "all": 1,
+}
 
 
 def job_counts(stdout: str) -> dict[str, int]:
     """The 'Job stats' table of a dry run."""
     table = stdout.split("Job stats:")[1]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
-            if m.group(1) != "total"}
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+        if m.group(1) != "total"
+    }
 
 
 def test_dry_run_lists_every_demo_job(workflow_dir):

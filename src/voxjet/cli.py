@@ -16,23 +16,36 @@ def _synth_jets(a: argparse.Namespace) -> None:
 
     if a.generator != "toy":
         raise VoxjetError(f"generator {a.generator!r} is not available; use 'toy'")
-    cfg = ToyJetsConfig(classes=a.classes, files_per_class=a.files_per_class,
-                        jets_per_file=a.jets_per_file, seed=a.seed)
+    cfg = ToyJetsConfig(
+        classes=a.classes,
+        files_per_class=a.files_per_class,
+        jets_per_file=a.jets_per_file,
+        seed=a.seed,
+    )
     generate_dataset(a.out, cfg)
 
 
 def _synth_volumes(a: argparse.Namespace) -> None:
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
-    generate_dataset(a.out, ToyVolumesConfig(train_cases=a.train_cases, test_cases=a.test_cases,
-                                             seed=a.seed))
+    generate_dataset(
+        a.out, ToyVolumesConfig(train_cases=a.train_cases, test_cases=a.test_cases, seed=a.seed)
+    )
 
 
 def _stage(a: argparse.Namespace) -> None:
     from voxjet.stage.transfer import load_expected, stage
 
-    m = stage(a.source, a.dest, a.manifest, patterns=a.pattern, expected=load_expected(a.checksums),
-              tree=a.tree, workers=a.workers, retries=a.retries)
+    m = stage(
+        a.source,
+        a.dest,
+        a.manifest,
+        patterns=a.pattern,
+        expected=load_expected(a.checksums),
+        tree=a.tree,
+        workers=a.workers,
+        retries=a.retries,
+    )
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
 
@@ -93,7 +106,7 @@ def _launch(a: argparse.Namespace) -> None:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         raise VoxjetError("launch: give the voxjet command to run after --")
-    exec_torchrun(a.gpus, args)
+    exec_torchrun(a.gpus, args, a.cpu_processes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,16 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
     s.set_defaults(func=_preprocess)
 
-    for name, data_arg, func in (("train-jets", "--shards", _train_jets),
-                                 ("train-seg", "--cases", _train_seg)):
+    for name, data_arg, func in (
+        ("train-jets", "--shards", _train_jets),
+        ("train-seg", "--cases", _train_seg),
+    ):
         s = sub.add_parser(name, help="train one run (launch through torchrun for several GPUs)")
         s.add_argument(data_arg, required=True)
         s.add_argument("--run-config", required=True, help="JSON (or @file) resolved run config")
         s.add_argument("--out", required=True)
         s.set_defaults(func=func)
 
-    for name, data_arg, func in (("evaluate-jets", "--shards", _evaluate_jets),
-                                 ("evaluate-seg", "--cases", _evaluate_seg)):
+    for name, data_arg, func in (
+        ("evaluate-jets", "--shards", _evaluate_jets),
+        ("evaluate-seg", "--cases", _evaluate_seg),
+    ):
         s = sub.add_parser(name, help="score the test split with a trained model")
         s.add_argument(data_arg, required=True)
         s.add_argument("--model", required=True)
@@ -158,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")
     s.add_argument("--gpus", type=int, default=1)
+    s.add_argument(
+        "--cpu-processes",
+        type=int,
+        default=1,
+        help="processes on a machine without CUDA (gloo backend)",
+    )
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
     s.set_defaults(func=_launch)
 

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import itertools
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,9 +19,15 @@ from voxjet.errors import VoxjetError
 
 T = TypeVar("T")
 
-_TYPE_WORDS = {"object": "a mapping (key: value)", "array": "a list", "string": "a string",
-               "integer": "an integer", "number": "a number", "boolean": "true or false",
-               "null": "null"}
+_TYPE_WORDS = {
+    "object": "a mapping (key: value)",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
@@ -44,15 +51,18 @@ def _explain(error) -> str:
     v = error.validator
     if v == "type":
         want = error.validator_value
-        want = " or ".join(_TYPE_WORDS.get(t, t) for t in ([want] if isinstance(want, str)
-                                                             else want))
+        want = " or ".join(
+            _TYPE_WORDS.get(t, t) for t in ([want] if isinstance(want, str) else want)
+        )
         return f"config key '{where}': expected {want}, got {error.instance!r}"
     if v == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         known = sorted(error.schema.get("properties", {}))
-        return (f"config key '{where}': unknown key(s) {extra}"
-                + (f"; allowed: {known}" if known else "")
-                + " (a typo? see config/README.md)")
+        return (
+            f"config key '{where}': unknown key(s) {extra}"
+            + (f"; allowed: {known}" if known else "")
+            + " (a typo? see config/README.md)"
+        )
     if v == "required":
         return f"config key '{where}': {error.message} (see config/README.md)"
     if v == "enum":
@@ -77,8 +87,10 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
-            raise VoxjetError(f"config key 'experiments.{name}.dataset': no dataset named "
-                              f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}")
+            raise VoxjetError(
+                f"config key 'experiments.{name}.dataset': no dataset named "
+                f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
+            )
 
 
 @dataclass(frozen=True)
@@ -106,8 +118,10 @@ def _set_dotted(d: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     cur = d
     for p in parents:
         if not isinstance(cur.get(p), dict):
-            raise VoxjetError(f"{where}: sweep key {dotted!r} does not name a setting; use e.g. "
-                              "'train.lr' or 'model.phi_sizes'")
+            raise VoxjetError(
+                f"{where}: sweep key {dotted!r} does not name a setting; use e.g. "
+                "'train.lr' or 'model.phi_sizes'"
+            )
         cur = cur[p]
     cur[last] = value
 
@@ -120,8 +134,10 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
         sweep = exp.get("sweep") or {}
         keys = sorted(sweep)
         for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
-            cfg = {"model": copy.deepcopy(exp.get("model", {})),
-                   "train": copy.deepcopy(exp.get("train", {}))}
+            cfg = {
+                "model": copy.deepcopy(exp.get("model", {})),
+                "train": copy.deepcopy(exp.get("train", {})),
+            }
             params = dict(zip(keys, combo, strict=True))
             for k, v in params.items():
                 _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
@@ -151,7 +167,9 @@ def check_sources(config: Mapping[str, Any]) -> None:
             continue
         probe = Path(path)
         if any(c in path for c in "*?["):
-            probe = Path(path.split("*")[0].split("?")[0].split("[")[0]).parent
+            probe = Path(os.path.dirname(re.split(r"[*?\[]", path)[0]) or ".")
         if not probe.exists():
-            raise VoxjetError(f"config key 'datasets.{name}.source.path': {path!r} does not exist; "
-                              "point it at the dataset's directory (or a glob / URL)")
+            raise VoxjetError(
+                f"config key 'datasets.{name}.source.path': {path!r} does not exist; "
+                "point it at the dataset's directory (or a glob / URL)"
+            )

@@ -21,8 +21,11 @@ PREEMPTED_EXIT_CODE = 124
 
 def rng_state() -> dict[str, Any]:
     """Every random generator's state, so a resumed run draws the same numbers."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -8,26 +8,33 @@ import shutil
 import sys
 
 
-def processes_per_node(gpus: int) -> int:
-    """GPUs asked for when CUDA sees that many, else what it sees, else one CPU process."""
+def processes_per_node(gpus: int, cpu_processes: int = 1) -> int:
+    """GPUs asked for when CUDA sees that many, else what it sees; without CUDA,
+    `cpu_processes` processes on the gloo backend."""
     import torch
 
     if gpus > 0 and torch.cuda.is_available():
         return min(gpus, torch.cuda.device_count())
-    return 1
+    return max(1, cpu_processes)
 
 
 def torchrun_argv(voxjet_args: list[str], nproc: int) -> list[str]:
     """`torchrun --standalone --nproc-per-node=N --no-python voxjet ARGS...` for one node."""
     torchrun = shutil.which("torchrun") or "torchrun"
     voxjet = shutil.which("voxjet") or "voxjet"
-    return [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", voxjet,
-            *voxjet_args]
+    return [
+        torchrun,
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--no-python",
+        voxjet,
+        *voxjet_args,
+    ]
 
 
-def exec_torchrun(gpus: int, voxjet_args: list[str]) -> None:
+def exec_torchrun(gpus: int, voxjet_args: list[str], cpu_processes: int = 1) -> None:
     """Replace this process with torchrun running `voxjet ARGS` on this node."""
-    nproc = processes_per_node(gpus)
+    nproc = processes_per_node(gpus, cpu_processes)
     argv = torchrun_argv(voxjet_args, nproc)
     print("launch:", " ".join(argv), file=sys.stderr, flush=True)
     os.execvp(argv[0], argv)

@@ -20,9 +20,9 @@ class JetArrays:
     """One split's arrays as tensors."""
 
     particles: torch.Tensor  # [N, P, F] float32
-    mask: torch.Tensor       # [N, P] bool
-    jets: torch.Tensor       # [N, J] float32
-    labels: torch.Tensor     # [N] int64
+    mask: torch.Tensor  # [N, P] bool
+    jets: torch.Tensor  # [N, J] float32
+    labels: torch.Tensor  # [N] int64
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -30,8 +30,12 @@ class JetArrays:
     def take(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
         """A batch of the rows at `idx`."""
         i = torch.from_numpy(idx)
-        return {"particles": self.particles[i], "mask": self.mask[i], "jets": self.jets[i],
-                "labels": self.labels[i]}
+        return {
+            "particles": self.particles[i],
+            "mask": self.mask[i],
+            "jets": self.jets[i],
+            "labels": self.labels[i],
+        }
 
 
 def load_index(shard_dir: str | os.PathLike) -> dict:
@@ -44,8 +48,10 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
     shard_dir = Path(shard_dir)
     index = load_index(shard_dir)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
-        raise VoxjetError(f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
-                          "the dataset's val_fraction/test_fraction")
+        raise VoxjetError(
+            f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
+            "the dataset's val_fraction/test_fraction"
+        )
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("particles", "mask", "jets", "labels")}
     for shard in index["splits"][split]["shards"]:
         path = shard_dir / shard["file"]
@@ -56,20 +62,27 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
         except (OSError, KeyError) as e:
             raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
     cat = {k: np.concatenate(v) for k, v in parts.items()}
-    return JetArrays(torch.from_numpy(cat["particles"]), torch.from_numpy(cat["mask"]),
-                     torch.from_numpy(cat["jets"]), torch.from_numpy(cat["labels"]).long())
+    return JetArrays(
+        torch.from_numpy(cat["particles"]),
+        torch.from_numpy(cat["mask"]),
+        torch.from_numpy(cat["jets"]),
+        torch.from_numpy(cat["labels"]).long(),
+    )
 
 
-def epoch_batches(n: int, batch_size: int, epoch: int, start: int, seed: int, rank: int,
-                  world: int) -> Iterator[np.ndarray]:
+def epoch_batches(
+    n: int, batch_size: int, epoch: int, start: int, seed: int, rank: int, world: int
+) -> Iterator[np.ndarray]:
     """Row indices of this rank's batches: a seeded permutation per epoch, split by rank,
     starting at batch `start` so a resumed run continues where the checkpoint left off."""
     perm = np.random.default_rng([seed, epoch]).permutation(n)
     per_rank = n // world
-    mine = perm[rank * per_rank:(rank + 1) * per_rank]
+    mine = perm[rank * per_rank : (rank + 1) * per_rank]
     n_batches = len(mine) // batch_size
     if n_batches == 0:
-        raise VoxjetError(f"{n} training jets over {world} ranks is less than one batch of "
-                          f"{batch_size}: lower train.batch_size")
+        raise VoxjetError(
+            f"{n} training jets over {world} ranks is less than one batch of "
+            f"{batch_size}: lower train.batch_size"
+        )
     for b in range(start, n_batches):
-        yield mine[b * batch_size:(b + 1) * batch_size]
+        yield mine[b * batch_size : (b + 1) * batch_size]

@@ -66,8 +66,9 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
     probs = predict(model, data, torch.device("cpu"))
     labels = data.labels.numpy()
     metrics = jet_metrics(probs, labels, classes)
-    metrics.update({"domain": "jets", "split": "test", "best_step": saved["best_step"],
-                    "classes": classes})
+    metrics.update(
+        {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
+    )
     with atomic_path(out / "predictions.h5") as tmp, h5py.File(tmp, "w") as f:
         f["probs"] = probs.astype(np.float32)
         f["labels"] = labels

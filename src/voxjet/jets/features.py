@@ -52,12 +52,15 @@ JET_FEATURES: dict[str, Callable[[Arrays], np.ndarray]] = {
 }
 
 # Which ROOT branches each feature reads, so that a shard job reads only those baskets.
-_PART_NEEDS = {"part_pt_log": ["part_px", "part_py"],
-               "part_logptrel": ["part_px", "part_py", "jet_pt"],
-               "part_logerel": ["part_energy", "jet_energy"],
-               "part_e_log": ["part_energy"],
-               "part_deltaR": ["part_deta", "part_dphi"],
-               "part_d0": ["part_d0val"], "part_dz": ["part_dzval"]}
+_PART_NEEDS = {
+    "part_pt_log": ["part_px", "part_py"],
+    "part_logptrel": ["part_px", "part_py", "jet_pt"],
+    "part_logerel": ["part_energy", "jet_energy"],
+    "part_e_log": ["part_energy"],
+    "part_deltaR": ["part_deta", "part_dphi"],
+    "part_d0": ["part_d0val"],
+    "part_dz": ["part_dzval"],
+}
 _JET_NEEDS = {"jet_tau21": ["jet_tau1", "jet_tau2"], "jet_tau32": ["jet_tau2", "jet_tau3"]}
 
 
@@ -93,8 +96,9 @@ def pad_jagged(content: np.ndarray, counts: np.ndarray, length: int) -> np.ndarr
     return out
 
 
-def compute_features(arrays: Arrays, particle_features: list[str], jet_features: list[str],
-                     max_particles: int) -> dict[str, np.ndarray]:
+def compute_features(
+    arrays: Arrays, particle_features: list[str], jet_features: list[str], max_particles: int
+) -> dict[str, np.ndarray]:
     """Particles [N, P, F] sorted by pT and padded, mask [N, P], jets [N, J]."""
     order = ak.argsort(_pt(arrays), axis=1, ascending=False)
     counts = ak.to_numpy(ak.num(arrays["part_px"], axis=1))
@@ -105,11 +109,18 @@ def compute_features(arrays: Arrays, particle_features: list[str], jet_features:
     flat = np.stack(cols, axis=1) if cols else np.zeros((int(counts.sum()), 0), np.float32)
     particles = pad_jagged(flat, counts, max_particles)
     mask = np.arange(max_particles)[None, :] < counts[:, None]
-    jets = np.stack([np.asarray(ak.to_numpy(JET_FEATURES[n](arrays)), np.float32)
-                     for n in jet_features], axis=1) if jet_features else np.zeros((len(counts), 0),
-                                                                                   np.float32)
+    jets = (
+        np.stack(
+            [np.asarray(ak.to_numpy(JET_FEATURES[n](arrays)), np.float32) for n in jet_features],
+            axis=1,
+        )
+        if jet_features
+        else np.zeros((len(counts), 0), np.float32)
+    )
     if not np.isfinite(particles).all() or not np.isfinite(jets).all():
-        raise VoxjetError("non-finite input features (NaN/inf) in the ROOT file; check the branches")
+        raise VoxjetError(
+            "non-finite input features (NaN/inf) in the ROOT file; check the branches"
+        )
     return {"particles": particles, "mask": mask, "jets": jets}
 
 

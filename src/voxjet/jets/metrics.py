@@ -41,8 +41,9 @@ def rejection_at(scores: np.ndarray, is_signal: np.ndarray, signal_eff: float) -
     return len(bkg) / max(1, int((bkg >= cut).sum()))
 
 
-def jet_metrics(probs: np.ndarray, labels: np.ndarray, classes: list[str],
-                background: str = "QCD") -> dict:
+def jet_metrics(
+    probs: np.ndarray, labels: np.ndarray, classes: list[str], background: str = "QCD"
+) -> dict:
     """Accuracy, macro one-vs-rest AUC, and per signal class vs background: AUC and 1/eps_B."""
     labels = np.asarray(labels)
     out: dict = {"accuracy": float((probs.argmax(1) == labels).mean()), "n_jets": int(len(labels))}
@@ -58,8 +59,11 @@ def jet_metrics(probs: np.ndarray, labels: np.ndarray, classes: list[str],
             sel = (labels == i) | (labels == b)
             score = probs[sel, i] / np.maximum(probs[sel, i] + probs[sel, b], 1e-12)
             sig = labels[sel] == i
-            per[c] = {"auc": roc_auc(score, sig), "rej50": rejection_at(score, sig, 0.5),
-                      "rej30": rejection_at(score, sig, 0.3)}
+            per[c] = {
+                "auc": roc_auc(score, sig),
+                "rej50": rejection_at(score, sig, 0.5),
+                "rej30": rejection_at(score, sig, 0.3),
+            }
         out["vs_" + background] = per
         rej = [v["rej50"] for v in per.values() if np.isfinite(v["rej50"])]
         out["rej50_mean"] = float(np.mean(rej)) if rej else float("nan")

@@ -31,15 +31,40 @@ class JetDataConfig:
     """How ROOT branches become model inputs (in the spirit of weaver's data config)."""
 
     tree: str = "tree"
-    labels: list[str] = field(default_factory=lambda: ["label_QCD", "label_Hbb", "label_Wqq",
-                                                       "label_Tbqq"])
-    particle_features: list[str] = field(default_factory=lambda: [
-        "part_deta", "part_dphi", "part_pt_log", "part_e_log", "part_logptrel", "part_logerel",
-        "part_deltaR", "part_charge", "part_isChargedHadron", "part_isNeutralHadron",
-        "part_isPhoton", "part_isElectron", "part_isMuon", "part_d0", "part_d0err", "part_dz",
-        "part_dzerr"])
-    jet_features: list[str] = field(default_factory=lambda: [
-        "jet_pt", "jet_eta", "jet_sdmass", "jet_nparticles", "jet_tau21", "jet_tau32"])
+    labels: list[str] = field(
+        default_factory=lambda: ["label_QCD", "label_Hbb", "label_Wqq", "label_Tbqq"]
+    )
+    particle_features: list[str] = field(
+        default_factory=lambda: [
+            "part_deta",
+            "part_dphi",
+            "part_pt_log",
+            "part_e_log",
+            "part_logptrel",
+            "part_logerel",
+            "part_deltaR",
+            "part_charge",
+            "part_isChargedHadron",
+            "part_isNeutralHadron",
+            "part_isPhoton",
+            "part_isElectron",
+            "part_isMuon",
+            "part_d0",
+            "part_d0err",
+            "part_dz",
+            "part_dzerr",
+        ]
+    )
+    jet_features: list[str] = field(
+        default_factory=lambda: [
+            "jet_pt",
+            "jet_eta",
+            "jet_sdmass",
+            "jet_nparticles",
+            "jet_tau21",
+            "jet_tau32",
+        ]
+    )
     max_particles: int = 128
     jets_per_shard: int = 10000
     val_fraction: float = 0.1
@@ -59,17 +84,22 @@ def _read_file(path: Path, cfg: JetDataConfig, branches: list[str]) -> dict[str,
         raise VoxjetError(f"{path}: cannot open as ROOT ({e}); re-stage the dataset") from e
     with f:
         if cfg.tree not in f:
-            raise VoxjetError(f"{path}: no tree {cfg.tree!r} (found {sorted(f.keys())}); set "
-                              "jets.tree in the config")
+            raise VoxjetError(
+                f"{path}: no tree {cfg.tree!r} (found {sorted(f.keys())}); set "
+                "jets.tree in the config"
+            )
         tree = f[cfg.tree]
         missing = [b for b in branches + cfg.labels if b not in tree]
         if missing:
-            raise VoxjetError(f"{path}: missing branches {missing}; fix jets.labels / "
-                              "jets.particle_features / jets.jet_features in the config")
+            raise VoxjetError(
+                f"{path}: missing branches {missing}; fix jets.labels / "
+                "jets.particle_features / jets.jet_features in the config"
+            )
         parts = []
         for arrays in tree.iterate(branches + cfg.labels, step_size=cfg.step_size, library="ak"):
-            out = compute_features(arrays, cfg.particle_features, cfg.jet_features,
-                                   cfg.max_particles)
+            out = compute_features(
+                arrays, cfg.particle_features, cfg.jet_features, cfg.max_particles
+            )
             out["labels"] = labels_from_onehot(arrays, cfg.labels)
             parts.append(out)
     merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -84,13 +114,19 @@ def _masked_stats(particles: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, 
     return mean, np.where(std > 1e-6, std, 1.0)
 
 
-def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig, classes: list[str],
-                 sources: list[str]) -> None:
+def _write_shard(
+    path: Path,
+    data: dict[str, np.ndarray],
+    cfg: JetDataConfig,
+    classes: list[str],
+    sources: list[str],
+) -> None:
     n = len(data["labels"])
     chunk = max(1, min(n, 1024))
     with h5py.File(path, "w") as f:
-        f.create_dataset("particles", data=data["particles"], chunks=(chunk,) +
-                         data["particles"].shape[1:])
+        f.create_dataset(
+            "particles", data=data["particles"], chunks=(chunk,) + data["particles"].shape[1:]
+        )
         f.create_dataset("mask", data=data["mask"], chunks=(chunk, data["mask"].shape[1]))
         f.create_dataset("jets", data=data["jets"], chunks=(chunk, data["jets"].shape[1]))
         f.create_dataset("labels", data=data["labels"], chunks=(chunk,))
@@ -107,8 +143,9 @@ def class_names(labels: list[str]) -> list[str]:
     return [b.removeprefix("label_") for b in labels]
 
 
-def shard_jets(manifest_path: str | os.PathLike, out_dir: str | os.PathLike,
-               cfg: JetDataConfig) -> dict:
+def shard_jets(
+    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: JetDataConfig
+) -> dict:
     """Read every staged ROOT file, shuffle across files, split and write shards; returns index."""
     manifest = read_json(manifest_path)
     root = Path(manifest["root"])
@@ -116,8 +153,10 @@ def shard_jets(manifest_path: str | os.PathLike, out_dir: str | os.PathLike,
     if not files:
         raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
     branches = branches_needed(cfg.particle_features, cfg.jet_features)
-    per_file = [_read_file(p, cfg, branches)
-                for p in tqdm(files, desc="shard-jets: read", unit="file", mininterval=1.0)]
+    per_file = [
+        _read_file(p, cfg, branches)
+        for p in tqdm(files, desc="shard-jets: read", unit="file", mininterval=1.0)
+    ]
     data = {k: np.concatenate([d[k] for d in per_file]) for k in per_file[0]}
     n = len(data["labels"])
     if n == 0:
@@ -129,10 +168,16 @@ def shard_jets(manifest_path: str | os.PathLike, out_dir: str | os.PathLike,
     bounds = {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
     classes = class_names(cfg.labels)
     sources = [str(p.name) for p in files]
-    index: dict = {"format_version": FORMAT_VERSION, "config_hash": cfg.hash(),
-                   "config": asdict(cfg), "classes": classes,
-                   "particle_features": cfg.particle_features, "jet_features": cfg.jet_features,
-                   "max_particles": cfg.max_particles, "splits": {}}
+    index: dict = {
+        "format_version": FORMAT_VERSION,
+        "config_hash": cfg.hash(),
+        "config": asdict(cfg),
+        "classes": classes,
+        "particle_features": cfg.particle_features,
+        "jet_features": cfg.jet_features,
+        "max_particles": cfg.max_particles,
+        "splits": {},
+    }
     with atomic_path(out_dir, directory=True) as tmp:
         for split in SPLITS:
             lo, hi = bounds[split]
@@ -140,16 +185,20 @@ def shard_jets(manifest_path: str | os.PathLike, out_dir: str | os.PathLike,
             shards = []
             for i, start in enumerate(range(0, hi - lo, cfg.jets_per_shard)):
                 name = f"{split}_{i:04d}.h5"
-                chunk = {k: v[start:start + cfg.jets_per_shard] for k, v in part.items()}
+                chunk = {k: v[start : start + cfg.jets_per_shard] for k, v in part.items()}
                 _write_shard(tmp / name, chunk, cfg, classes, sources)
                 shards.append({"file": name, "jets": int(len(chunk["labels"]))})
             hist = np.bincount(part["labels"], minlength=len(classes)).tolist()
-            index["splits"][split] = {"jets": int(hi - lo), "shards": shards,
-                                      "class_counts": dict(zip(classes, hist, strict=True))}
-        train = {k: v[bounds["train"][0]:bounds["train"][1]] for k, v in data.items()}
+            index["splits"][split] = {
+                "jets": int(hi - lo),
+                "shards": shards,
+                "class_counts": dict(zip(classes, hist, strict=True)),
+            }
+        train = {k: v[bounds["train"][0] : bounds["train"][1]] for k, v in data.items()}
         if len(train["labels"]) == 0:
-            raise VoxjetError("the training split is empty: lower val_fraction/test_fraction "
-                              "or add files")
+            raise VoxjetError(
+                "the training split is empty: lower val_fraction/test_fraction or add files"
+            )
         pmean, pstd = _masked_stats(train["particles"], train["mask"])
         index["particle_mean"], index["particle_std"] = pmean.tolist(), pstd.tolist()
         index["jet_mean"] = train["jets"].mean(0).tolist()

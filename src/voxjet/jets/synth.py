@@ -44,14 +44,22 @@ class ToyJetsConfig:
 
 @dataclass
 class _Prong:
-    z: float        # fraction of the jet pT
+    z: float  # fraction of the jet pT
     deta: float
     dphi: float
-    flavour: str    # "q", "g" or "b": sets multiplicity and displaced tracks
+    flavour: str  # "q", "g" or "b": sets multiplicity and displaced tracks
 
 
-def _split(rng: np.random.Generator, parent: _Prong, pt: float, mass: float, m1: float,
-           m2: float, f1: str, f2: str) -> list[_Prong]:
+def _split(
+    rng: np.random.Generator,
+    parent: _Prong,
+    pt: float,
+    mass: float,
+    m1: float,
+    m2: float,
+    f1: str,
+    f2: str,
+) -> list[_Prong]:
     """Two-body decay of a boosted parent in the collinear approximation."""
     ptot = pt * parent.z
     for _ in range(100):
@@ -84,8 +92,11 @@ def _prongs(rng: np.random.Generator, cls: str, pt: float) -> list[_Prong]:
             emitted = zf * lead.z
             lead.z -= emitted
             flav = "b" if rng.random() < 0.05 else "g"  # g -> bb splitting
-            prongs.append(_Prong(emitted, lead.deta + theta * np.cos(psi),
-                                 lead.dphi + theta * np.sin(psi), flav))
+            prongs.append(
+                _Prong(
+                    emitted, lead.deta + theta * np.cos(psi), lead.dphi + theta * np.sin(psi), flav
+                )
+            )
         return prongs
     if cls in ("Wqq", "Zqq"):
         mass = rng.normal(M_W if cls == "Wqq" else M_Z, 2.5)
@@ -121,13 +132,17 @@ def _soft(rng: np.random.Generator) -> dict[str, np.ndarray]:
     n = rng.poisson(6)
     r = R0 * np.sqrt(rng.random(n))
     psi = rng.uniform(0, 2 * np.pi, n)
-    return {"pt": rng.exponential(1.0, n) + 0.3, "deta": r * np.cos(psi), "dphi": r * np.sin(psi),
-            "kind": rng.choice(5, size=n, p=[0.55, 0.15, 0.3, 0.0, 0.0]),
-            "displaced": np.zeros(n, bool)}
+    return {
+        "pt": rng.exponential(1.0, n) + 0.3,
+        "deta": r * np.cos(psi),
+        "dphi": r * np.sin(psi),
+        "kind": rng.choice(5, size=n, p=[0.55, 0.15, 0.3, 0.0, 0.0]),
+        "displaced": np.zeros(n, bool),
+    }
 
 
 def _nsubjettiness(pt: np.ndarray, eta: np.ndarray, phi: np.ndarray, nmax: int = 4) -> np.ndarray:
-    """tau_1..tau_nmax with axes from a few pT-weighted k-means passes seeded by the hardest particles."""
+    """tau_1..tau_nmax; axes from pT-weighted k-means seeded by the hardest particles."""
     taus = np.zeros(nmax, np.float32)
     order = np.argsort(-pt)
     norm = pt.sum() * R0
@@ -172,34 +187,60 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
     charge = np.where(charged, rng.choice([-1.0, 1.0], n), 0.0)
     # Light tracks get a small tail (mismeasurement, V0s), so displacement alone is not a label.
     tail = (rng.random(n) < 0.02) * rng.exponential(0.1, n) * rng.choice([-1, 1], n)
-    d0 = rng.normal(0, 0.01, n) + tail + cat["displaced"] * rng.exponential(0.25, n) * rng.choice([-1, 1], n)
-    dz = rng.normal(0, 0.02, n) + cat["displaced"] * rng.exponential(0.3, n) * rng.choice([-1, 1], n)
+    d0 = (
+        rng.normal(0, 0.01, n)
+        + tail
+        + cat["displaced"] * rng.exponential(0.25, n) * rng.choice([-1, 1], n)
+    )
+    dz = rng.normal(0, 0.02, n) + cat["displaced"] * rng.exponential(0.3, n) * rng.choice(
+        [-1, 1], n
+    )
     d0err = rng.uniform(0.005, 0.03, n)
     dzerr = rng.uniform(0.01, 0.05, n)
     zero = ~charged
     return {
         "part": {
-            "px": px, "py": py, "pz": pz, "energy": e, "deta": deta, "dphi": dphi,
-            "d0val": np.where(zero, 0.0, d0), "d0err": np.where(zero, 0.0, d0err),
-            "dzval": np.where(zero, 0.0, dz), "dzerr": np.where(zero, 0.0, dzerr),
+            "px": px,
+            "py": py,
+            "pz": pz,
+            "energy": e,
+            "deta": deta,
+            "dphi": dphi,
+            "d0val": np.where(zero, 0.0, d0),
+            "d0err": np.where(zero, 0.0, d0err),
+            "dzval": np.where(zero, 0.0, dz),
+            "dzerr": np.where(zero, 0.0, dzerr),
             "charge": charge,
-            "isChargedHadron": (kind == 0).astype(float), "isNeutralHadron": (kind == 1).astype(float),
-            "isPhoton": (kind == 2).astype(float), "isElectron": (kind == 3).astype(float),
+            "isChargedHadron": (kind == 0).astype(float),
+            "isNeutralHadron": (kind == 1).astype(float),
+            "isPhoton": (kind == 2).astype(float),
+            "isElectron": (kind == 3).astype(float),
             "isMuon": (kind == 4).astype(float),
         },
-        "jet_pt": jpt, "jet_eta": jeta, "jet_phi": jphi, "jet_energy": je,
-        "jet_nparticles": float(n), "jet_sdmass": float(np.sqrt(max(gm2, 0.0))),
+        "jet_pt": jpt,
+        "jet_eta": jeta,
+        "jet_phi": jphi,
+        "jet_energy": je,
+        "jet_nparticles": float(n),
+        "jet_sdmass": float(np.sqrt(max(gm2, 0.0))),
         "taus": _nsubjettiness(ppt, deta, dphi),
     }
 
 
-def generate_file(path: str | os.PathLike, cls: str, n_jets: int, seed: int, cfg: ToyJetsConfig,
-                  tree: str = "tree") -> None:
+def generate_file(
+    path: str | os.PathLike,
+    cls: str,
+    n_jets: int,
+    seed: int,
+    cfg: ToyJetsConfig,
+    tree: str = "tree",
+) -> None:
     """Write one ROOT file of `n_jets` jets of class `cls` (as JetClass does: a process a file)."""
     rng = np.random.default_rng(seed)
     jets = [generate_jet(rng, cls, cfg) for _ in range(n_jets)]
-    part = ak.zip({k: ak.Array([j["part"][k].astype(np.float32) for j in jets])
-                   for k in jets[0]["part"]})
+    part = ak.zip(
+        {k: ak.Array([j["part"][k].astype(np.float32) for j in jets]) for k in jets[0]["part"]}
+    )
     branches: dict = {"part": part}
     for k in ("jet_pt", "jet_eta", "jet_phi", "jet_energy", "jet_nparticles", "jet_sdmass"):
         branches[k] = np.array([j[k] for j in jets], np.float32)
@@ -216,7 +257,9 @@ def generate_file(path: str | os.PathLike, cls: str, n_jets: int, seed: int, cfg
             f.mktree(tree, types).extend(branches)
 
 
-def generate_dataset(out_dir: str | os.PathLike, cfg: ToyJetsConfig, progress: bool = True) -> list[Path]:
+def generate_dataset(
+    out_dir: str | os.PathLike, cfg: ToyJetsConfig, progress: bool = True
+) -> list[Path]:
     """Write `files_per_class` files a class into `out_dir`, named like JetClass's."""
     from tqdm import tqdm
 

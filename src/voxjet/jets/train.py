@@ -37,10 +37,13 @@ class JetTask:
         self.index = load_index(shard_dir)
         self.train_data = load_split(shard_dir, "train")
         self.val_data = load_split(shard_dir, "val")
-        self.model_cfg = {"n_features": len(self.index["particle_features"]),
-                          "n_classes": len(self.index["classes"]),
-                          "particle_mean": self.index["particle_mean"],
-                          "particle_std": self.index["particle_std"], **model_cfg}
+        self.model_cfg = {
+            "n_features": len(self.index["particle_features"]),
+            "n_classes": len(self.index["classes"]),
+            "particle_mean": self.index["particle_mean"],
+            "particle_std": self.index["particle_std"],
+            **model_cfg,
+        }
         self.s = s
 
     def build_model(self) -> nn.Module:
@@ -50,8 +53,15 @@ class JetTask:
         return {**self.model_cfg, "classes": self.index["classes"]}
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        for idx in epoch_batches(len(self.train_data), self.s.batch_size, epoch, start,
-                                 self.s.seed, rt.rank, rt.world_size):
+        for idx in epoch_batches(
+            len(self.train_data),
+            self.s.batch_size,
+            epoch,
+            start,
+            self.s.seed,
+            rt.rank,
+            rt.world_size,
+        ):
             yield self.train_data.take(idx)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:

@@ -15,8 +15,7 @@ from voxjet.io.atomic import atomic_path
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
-COLUMNS = {"jets": ["auc_macro", "accuracy", "rej50_mean"],
-           "volumes": ["dice_mean", "hd95_mean"]}
+COLUMNS = {"jets": ["auc_macro", "accuracy", "rej50_mean"], "volumes": ["dice_mean", "hd95_mean"]}
 CSV_FIELDS = ["dataset", "domain", "experiment", "run", "params", "split", "metric", "value"]
 
 
@@ -62,8 +61,10 @@ def train_summary(lines: list[dict[str, Any]]) -> dict[str, float]:
     if not steps:
         return {}
     rate_key = next((k for k in steps[-1] if k.endswith("_per_s")), None)
-    out = {"train_loss_final": float(steps[-1]["loss"]),
-           "data_wait_fraction": sum(r.get("data_wait_fraction", 0) for r in steps) / len(steps)}
+    out = {
+        "train_loss_final": float(steps[-1]["loss"]),
+        "data_wait_fraction": sum(r.get("data_wait_fraction", 0) for r in steps) / len(steps),
+    }
     if rate_key:
         out[f"train_{rate_key}"] = sum(r[rate_key] for r in steps) / len(steps)
     return out
@@ -83,9 +84,18 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
             values.update({("train", k): v for k, v in train_summary(lines).items()})
         params = ";".join(f"{k}={v}" for k, v in sorted(r.params.items()))
         for (split, metric), value in values.items():
-            rows.append({"dataset": r.dataset, "domain": r.domain, "experiment": r.experiment,
-                         "run": r.run, "params": params, "split": split, "metric": metric,
-                         "value": value})
+            rows.append(
+                {
+                    "dataset": r.dataset,
+                    "domain": r.domain,
+                    "experiment": r.experiment,
+                    "run": r.run,
+                    "params": params,
+                    "split": split,
+                    "metric": metric,
+                    "value": value,
+                }
+            )
     return rows, missing
 
 
@@ -98,29 +108,40 @@ def _fmt(v: float | None) -> str:
 def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo]) -> str:
     """Per dataset, the runs ranked by the domain's headline metric; the best marked ★."""
     out = ["# voxjet results", ""]
-    datasets = sorted({(r["dataset"], r["domain"]) for r in rows} |
-                      {(m.dataset, m.domain) for m in missing})
+    datasets = sorted(
+        {(r["dataset"], r["domain"]) for r in rows} | {(m.dataset, m.domain) for m in missing}
+    )
     for ds, domain in datasets:
         head, higher = HEADLINE[domain]
         cols = COLUMNS[domain]
         table: dict[str, dict[str, Any]] = {}
         for r in rows:
             if r["dataset"] == ds and r["split"] == "test":
-                t = table.setdefault(r["run"], {"experiment": r["experiment"],
-                                                "params": r["params"]})
+                t = table.setdefault(
+                    r["run"], {"experiment": r["experiment"], "params": r["params"]}
+                )
                 t[r["metric"]] = r["value"]
         ranked = sorted(table.items(), key=lambda kv: -_rank_value(kv[1].get(head), higher))
-        out += [f"## {ds} ({domain}) — ranked by {head}", "",
-                "| rank | run | experiment | parameters | " + " | ".join(cols) + " |",
-                "|---|---|---|---|" + "---|" * len(cols)]
+        out += [
+            f"## {ds} ({domain}) — ranked by {head}",
+            "",
+            "| rank | run | experiment | parameters | " + " | ".join(cols) + " |",
+            "|---|---|---|---|" + "---|" * len(cols),
+        ]
         for i, (run, t) in enumerate(ranked, 1):
             star = " ★" if i == 1 else ""
-            out.append(f"| {i} | {run}{star} | {t['experiment']} | {t['params'] or '–'} | "
-                       + " | ".join(_fmt(t.get(c)) for c in cols) + " |")
+            out.append(
+                f"| {i} | {run}{star} | {t['experiment']} | {t['params'] or '–'} | "
+                + " | ".join(_fmt(t.get(c)) for c in cols)
+                + " |"
+            )
         for m in missing:
             if m.dataset == ds:
-                out.append(f"| – | {m.run} (missing: no {m.eval_metrics}) | {m.experiment} | – | "
-                           + " | ".join("–" for _ in cols) + " |")
+                out.append(
+                    f"| – | {m.run} (missing: no {m.eval_metrics}) | {m.experiment} | – | "
+                    + " | ".join("–" for _ in cols)
+                    + " |"
+                )
         out.append("")
     return "\n".join(out)
 

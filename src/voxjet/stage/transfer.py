@@ -33,7 +33,9 @@ def _is_glob(path: str) -> bool:
     return any(c in path for c in "*?[")
 
 
-def list_sources(source: str, patterns: list[str]) -> tuple[fsspec.AbstractFileSystem, list[SourceFile]]:
+def list_sources(
+    source: str, patterns: list[str]
+) -> tuple[fsspec.AbstractFileSystem, list[SourceFile]]:
     """Resolve a directory, glob or URL into the files to stage, sorted by relative path."""
     fs, root = fsspec.core.url_to_fs(source)
     if _is_glob(root):
@@ -53,21 +55,30 @@ def list_sources(source: str, patterns: list[str]) -> tuple[fsspec.AbstractFileS
     for p in paths:
         rel = str(PurePosixPath(p).relative_to(base)) if p != base else PurePosixPath(p).name
         name = PurePosixPath(rel).name
-        if name.startswith(".") or not any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat)
-                                           for pat in patterns):
+        if name.startswith(".") or not any(
+            fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in patterns
+        ):
             continue
         info = fs.info(p)
         if info.get("type") == "directory":
             continue
         files.append(SourceFile(url=fs.unstrip_protocol(p), relpath=rel, size=int(info["size"])))
     if not files:
-        raise VoxjetError(f"source {source!r} has no files matching {patterns}: check source.path "
-                          "and source.patterns in the config")
+        raise VoxjetError(
+            f"source {source!r} has no files matching {patterns}: check source.path "
+            "and source.patterns in the config"
+        )
     return fs, files
 
 
-def _copy_verified(fs: fsspec.AbstractFileSystem, src: SourceFile, dest: Path, expected: str | None,
-                   retries: int, backoff: float) -> str:
+def _copy_verified(
+    fs: fsspec.AbstractFileSystem,
+    src: SourceFile,
+    dest: Path,
+    expected: str | None,
+    retries: int,
+    backoff: float,
+) -> str:
     algorithm = algorithm_for(src.relpath)
     tmp = dest.with_name(f".{dest.name}.part")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -108,8 +119,10 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
     try:
         with uproot.open(path) as f:
             if tree not in f:
-                raise VoxjetError(f"{path}: no tree named {tree!r} (it has {sorted(f.keys())}); "
-                                  "set the dataset's jets.tree in the config")
+                raise VoxjetError(
+                    f"{path}: no tree named {tree!r} (it has {sorted(f.keys())}); "
+                    "set the dataset's jets.tree in the config"
+                )
             return int(f[tree].num_entries)
     except VoxjetError:
         raise
@@ -117,10 +130,17 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
         raise VoxjetError(f"{path}: not a readable ROOT file ({e})") from e
 
 
-def stage(source: str, dest: str | os.PathLike, manifest_path: str | os.PathLike,
-          patterns: list[str] | None = None, expected: dict[str, str] | None = None,
-          tree: str | None = None, workers: int = 4, retries: int = 3,
-          backoff: float = 0.5) -> dict:
+def stage(
+    source: str,
+    dest: str | os.PathLike,
+    manifest_path: str | os.PathLike,
+    patterns: list[str] | None = None,
+    expected: dict[str, str] | None = None,
+    tree: str | None = None,
+    workers: int = 4,
+    retries: int = 3,
+    backoff: float = 0.5,
+) -> dict:
     """Stage `source` into `dest` and write the manifest last; returns the manifest."""
     dest = Path(dest)
     fs, files = list_sources(source, patterns or ["*"])
@@ -142,24 +162,34 @@ def stage(source: str, dest: str | os.PathLike, manifest_path: str | os.PathLike
                 digest = got if got == known else None
         if digest is None:
             digest = _copy_verified(fs, src, target, want, retries, backoff)
-        record = {"path": src.relpath, "source": src.url, "size": src.size,
-                  "checksum": {algorithm: digest}}
+        record = {
+            "path": src.relpath,
+            "source": src.url,
+            "size": src.size,
+            "checksum": {algorithm: digest},
+        }
         entries = _root_entries(target, tree)
         if entries is not None:
             record["entries"] = entries
         return record
 
     records = []
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
-            tqdm(total=sum(f.size for f in files), unit="B", unit_scale=True,
-                 desc=f"stage {Path(dest).name}", mininterval=1.0) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
+        tqdm(
+            total=sum(f.size for f in files),
+            unit="B",
+            unit_scale=True,
+            desc=f"stage {Path(dest).name}",
+            mininterval=1.0,
+        ) as bar,
+    ):
         futures = {pool.submit(one, f): f for f in files}
         for fut in as_completed(futures):
             records.append(fut.result())
             bar.update(futures[fut].size)
     records.sort(key=lambda r: r["path"])
-    manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest),
-                "files": records}
+    manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
     write_json(manifest_path, manifest)
     return manifest
 

@@ -25,8 +25,11 @@ class MetricsLog:
         """Drop records logged after `step` (work the checkpoint does not contain)."""
         if not self.enabled or not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -71,4 +74,7 @@ class StepTimer:
     def summary(self) -> dict[str, float]:
         """Throughput and data-wait fraction over the window."""
         total = max(time.perf_counter() - self.start, 1e-9)
-        return {"items_per_s": self.items / total, "data_wait_fraction": min(1.0, self.data / total)}
+        return {
+            "items_per_s": self.items / total,
+            "data_wait_fraction": min(1.0, self.data / total),
+        }

@@ -4,6 +4,8 @@ exact resume, and SIGTERM/SIGUSR1 turned into a checkpoint and a resumable exit.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -63,12 +65,19 @@ class Task(Protocol):
         """What evaluation needs to rebuild the model."""
 
 
+def run_fingerprint(s: TrainSettings, model_config: dict[str, Any], world_size: int) -> str:
+    """What a checkpoint must match to be resumed: settings, model/data config, world size."""
+    blob = json.dumps([asdict(s), model_config, world_size], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def _optimizer(params, s: TrainSettings, lr: float) -> torch.optim.Optimizer:
     if s.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=s.weight_decay)
     if s.optimizer == "sgd":  # nnU-Net's recipe
-        return torch.optim.SGD(params, lr=lr, momentum=s.momentum, nesterov=True,
-                               weight_decay=s.weight_decay)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=s.momentum, nesterov=True, weight_decay=s.weight_decay
+        )
     raise ValueError(f"unknown optimizer {s.optimizer!r} (adamw or sgd)")
 
 
@@ -80,8 +89,9 @@ def _any_rank(flag: bool, rt: Runtime) -> bool:
     return bool(t.item())
 
 
-def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
-          rate_key: str = "items_per_s") -> dict[str, Any]:
+def train(
+    task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime, rate_key: str = "items_per_s"
+) -> dict[str, Any]:
     """Train to `s.steps` (resuming from checkpoints/last.pt when present); returns a summary."""
     run_dir = Path(run_dir)
     ckpt_dir = run_dir / "checkpoints"
@@ -92,10 +102,25 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
     lr = s.lr * (rt.world_size if s.scale_lr_with_world else 1)
     opt = _optimizer(model.parameters(), s, lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: multiplier(s.schedule, step, s.steps, s.warmup_steps))
+        opt, lambda step: multiplier(s.schedule, step, s.steps, s.warmup_steps)
+    )
     amp = rt.device.type == "cuda"
     step, epoch, pos, best = 0, 0, 0, float("-inf")
+    fingerprint = run_fingerprint(s, task.model_config(), rt.world_size)
     state = checkpoint.load(last_path)
+    if state is not None and state.get("fingerprint") != fingerprint:
+        # A checkpoint of another configuration (settings, data statistics or world size
+        # changed): resuming it would silently mix two runs. Start again from scratch.
+        if rt.is_main:
+            print(
+                f"{last_path} belongs to a different run configuration: starting afresh",
+                file=sys.stderr,
+            )
+            shutil.rmtree(ckpt_dir)
+            ckpt_dir.mkdir(parents=True)
+        if rt.distributed:
+            dist.barrier()
+        state = None
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -105,9 +130,13 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
         log.truncate_after(step)
         if rt.is_main:
             print(f"resumed from {last_path} at step {step}", file=sys.stderr)
-    ddp = (torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None)
-        if rt.distributed else model)
+    ddp = (
+        torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None
+        )
+        if rt.distributed
+        else model
+    )
 
     def save_last() -> None:
         rng = [checkpoint.rng_state()]
@@ -116,16 +145,33 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
             dist.all_gather_object(gathered, rng[0])
             rng = gathered
         if rt.is_main:
-            checkpoint.save(last_path, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "rng": rng, "step": step, "epoch": epoch,
-                "position": pos, "best": best, "settings": asdict(s),
-                "world_size": rt.world_size})
+            checkpoint.save(
+                last_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "rng": rng,
+                    "step": step,
+                    "epoch": epoch,
+                    "position": pos,
+                    "best": best,
+                    "settings": asdict(s),
+                    "world_size": rt.world_size,
+                    "fingerprint": fingerprint,
+                },
+            )
 
     preempt = checkpoint.PreemptionFlag()
     timer = StepTimer()
-    bar = tqdm(total=s.steps, initial=step, desc=f"train {run_dir.name}", unit="step",
-               disable=not rt.is_main, mininterval=2.0)
+    bar = tqdm(
+        total=s.steps,
+        initial=step,
+        desc=f"train {run_dir.name}",
+        unit="step",
+        disable=not rt.is_main,
+        mininterval=2.0,
+    )
     running, count = 0.0, 0
     try:
         while step < s.steps:
@@ -145,8 +191,13 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
                 timer.step_done(n * rt.world_size)
                 bar.update(1)
                 if step % s.log_every == 0 or step == s.steps:
-                    rec = {"step": step, "epoch": epoch, "loss": running / count,
-                           "lr": sched.get_last_lr()[0], **timer.summary()}
+                    rec = {
+                        "step": step,
+                        "epoch": epoch,
+                        "loss": running / count,
+                        "lr": sched.get_last_lr()[0],
+                        **timer.summary(),
+                    }
                     rec[rate_key] = rec.pop("items_per_s")
                     log.write(rec)
                     bar.set_postfix(loss=f"{running / count:.4f}")
@@ -158,8 +209,10 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
                         log.write({"step": step, "split": "val", **metrics})
                         if metrics["score"] > best:
                             best = metrics["score"]
-                            checkpoint.save(best_path, {"model": model.state_dict(),
-                                                        "step": step, "score": best})
+                            checkpoint.save(
+                                best_path,
+                                {"model": model.state_dict(), "step": step, "score": best},
+                            )
                     if rt.distributed:
                         best_t = [best]
                         dist.broadcast_object_list(best_t, src=0)
@@ -170,8 +223,11 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
                 if _any_rank(preempt.raised, rt):
                     save_last()
                     if rt.is_main:
-                        print(f"preempted by signal {preempt.signum}: checkpoint at step {step} "
-                              f"in {last_path}; rerun to resume", file=sys.stderr)
+                        print(
+                            f"preempted by signal {preempt.signum}: checkpoint at step {step} "
+                            f"in {last_path}; rerun to resume",
+                            file=sys.stderr,
+                        )
                     sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
                 if step >= s.steps:
                     break
@@ -183,9 +239,17 @@ def train(task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime,
     if rt.is_main:
         best_state = checkpoint.load(best_path) or {"model": model.state_dict(), "step": step}
         with atomic_path(run_dir / "model.pt") as tmp:
-            torch.save({"model": best_state["model"], "best_step": best_state["step"],
-                        "best_score": best, "model_config": task.model_config(),
-                        "settings": asdict(s), "world_size": rt.world_size}, tmp)
+            torch.save(
+                {
+                    "model": best_state["model"],
+                    "best_step": best_state["step"],
+                    "best_score": best,
+                    "model_config": task.model_config(),
+                    "settings": asdict(s),
+                    "world_size": rt.world_size,
+                },
+                tmp,
+            )
         with atomic_path(run_dir / "metrics.jsonl") as tmp:
             shutil.copyfile(ckpt_dir / "metrics.jsonl", tmp)
     return {"step": step, "best": best}

@@ -31,12 +31,20 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
     fig, axes = plt.subplots(len(rows), 3, figsize=(8, 2.7 * len(rows)), squeeze=False)
     for r, (cid, image, label, pred) in enumerate(rows):
         z = int(np.argmax((label > 0).sum((0, 1)))) if label.any() else image.shape[-1] // 2
-        for c, (title, over) in enumerate((("image", None), ("label", label), ("prediction", pred))):
+        for c, (title, over) in enumerate(
+            (("image", None), ("label", label), ("prediction", pred))
+        ):
             ax = axes[r, c]
             ax.imshow(image[0, :, :, z].T, cmap="gray", origin="lower")
             if over is not None:
-                ax.imshow(np.ma.masked_equal(over[:, :, z].T, 0), cmap="autumn", alpha=0.5,
-                          origin="lower", vmin=0, vmax=max(2, int(over.max())))
+                ax.imshow(
+                    np.ma.masked_equal(over[:, :, z].T, 0),
+                    cmap="autumn",
+                    alpha=0.5,
+                    origin="lower",
+                    vmin=0,
+                    vmax=max(2, int(over.max())),
+                )
             ax.set_title(f"{cid}: {title} (z={z})", fontsize=8)
             ax.axis("off")
     fig.tight_layout()
@@ -60,8 +68,9 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
     for cid in cases:
         image, label = load_case(store.file(cid))
         pred = predict_case(model, image, plan["patch_size"], torch.device("cpu"), overlap)
-        per_case[cid] = {names[c]: m for c, m in
-                         seg_metrics(pred, label, n, plan["target_spacing"]).items()}
+        per_case[cid] = {
+            names[c]: m for c, m in seg_metrics(pred, label, n, plan["target_spacing"]).items()
+        }
         if len(rows) < 3:
             rows.append((cid, image, label, pred))
     store.close()
@@ -70,14 +79,23 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
         vals = [m[names[c]] for m in per_case.values() if m[names[c]]["present"]]
         dice = [v["dice"] for v in vals]
         hd = [v["hd95"] for v in vals if np.isfinite(v["hd95"])]
-        mean[names[c]] = {"dice": float(np.mean(dice)) if dice else float("nan"),
-                          "hd95": float(np.mean(hd)) if hd else float("nan"), "cases": len(vals)}
+        mean[names[c]] = {
+            "dice": float(np.mean(dice)) if dice else float("nan"),
+            "hd95": float(np.mean(hd)) if hd else float("nan"),
+            "cases": len(vals),
+        }
     dices = [v["dice"] for v in mean.values() if np.isfinite(v["dice"])]
     hds = [v["hd95"] for v in mean.values() if np.isfinite(v["hd95"])]
-    metrics = {"domain": "volumes", "split": "test", "n_cases": len(cases),
-               "dice_mean": float(np.mean(dices)) if dices else float("nan"),
-               "hd95_mean": float(np.mean(hds)) if hds else float("nan"),
-               "per_class": mean, "per_case": per_case, "best_step": saved["best_step"]}
+    metrics = {
+        "domain": "volumes",
+        "split": "test",
+        "n_cases": len(cases),
+        "dice_mean": float(np.mean(dices)) if dices else float("nan"),
+        "hd95_mean": float(np.mean(hds)) if hds else float("nan"),
+        "per_class": mean,
+        "per_case": per_case,
+        "best_step": saved["best_step"],
+    }
     if rows:
         _plot_overlays(out / "overlays.png", rows)
     write_json(out / "metrics.json", metrics)

@@ -12,29 +12,46 @@ from torch import nn
 
 
 @torch.no_grad()
-def predict_case(model: nn.Module, image: np.ndarray, patch_size: list[int],
-                 device: torch.device, overlap: float = 0.5, sw_batch_size: int = 2) -> np.ndarray:
+def predict_case(
+    model: nn.Module,
+    image: np.ndarray,
+    patch_size: list[int],
+    device: torch.device,
+    overlap: float = 0.5,
+    sw_batch_size: int = 2,
+) -> np.ndarray:
     """Class map [X, Y, Z] of one preprocessed image [C, X, Y, Z]."""
     model.eval()
     x = torch.from_numpy(image[None]).to(device)
-    logits = sliding_window_inference(x, roi_size=patch_size, sw_batch_size=sw_batch_size,
-                                      predictor=model, overlap=overlap, mode="gaussian",
-                                      padding_mode="constant")
+    logits = sliding_window_inference(
+        x,
+        roi_size=patch_size,
+        sw_batch_size=sw_batch_size,
+        predictor=model,
+        overlap=overlap,
+        mode="gaussian",
+        padding_mode="constant",
+    )
     return logits.argmax(1)[0].cpu().numpy().astype(np.uint8)
 
 
-def seg_metrics(pred: np.ndarray, label: np.ndarray, n_classes: int,
-                spacing: list[float] | None = None) -> dict[int, dict[str, float]]:
+def seg_metrics(
+    pred: np.ndarray, label: np.ndarray, n_classes: int, spacing: list[float] | None = None
+) -> dict[int, dict[str, float]]:
     """Dice and HD95 (in mm when `spacing` is given) per foreground class."""
     p = one_hot(torch.from_numpy(pred[None, None]).long(), n_classes)
     y = one_hot(torch.from_numpy(label[None, None]).long(), n_classes)
     dice = compute_dice(p, y, include_background=False, ignore_empty=True)[0]
-    hd = compute_hausdorff_distance(p, y, include_background=False, percentile=95,
-                                    spacing=spacing)[0]
+    hd = compute_hausdorff_distance(p, y, include_background=False, percentile=95, spacing=spacing)[
+        0
+    ]
     out = {}
     for c in range(1, n_classes):
-        out[c] = {"dice": float(dice[c - 1]), "hd95": float(hd[c - 1]),
-                  "present": bool((label == c).any())}
+        out[c] = {
+            "dice": float(dice[c - 1]),
+            "hd95": float(hd[c - 1]),
+            "present": bool((label == c).any()),
+        }
     return out
 
 

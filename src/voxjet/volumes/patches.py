@@ -24,15 +24,15 @@ class CaseStore:
         self._files: dict[str, h5py.File] = {}
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
-            raise VoxjetError(f"{self.dir}: case files missing for {missing[:3]}; rerun "
-                              "preprocessing")
+            raise VoxjetError(
+                f"{self.dir}: case files missing for {missing[:3]}; rerun preprocessing"
+            )
 
     def file(self, case_id: str) -> h5py.File:
         """The open HDF5 file of a case."""
         if case_id not in self._files:
             # A larger chunk cache keeps the chunks of neighbouring patches decoded.
-            self._files[case_id] = h5py.File(self.dir / f"{case_id}.h5", "r",
-                                             rdcc_nbytes=64 << 20)
+            self._files[case_id] = h5py.File(self.dir / f"{case_id}.h5", "r", rdcc_nbytes=64 << 20)
         return self._files[case_id]
 
     def close(self) -> None:
@@ -42,7 +42,9 @@ class CaseStore:
         self._files.clear()
 
 
-def read_patch(f: h5py.File, centre: np.ndarray, patch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def read_patch(
+    f: h5py.File, centre: np.ndarray, patch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The patch around `centre`, zero-padded where it leaves the volume."""
     shape = np.array(f["label"].shape)
     lo = centre - patch // 2
@@ -57,8 +59,9 @@ def read_patch(f: h5py.File, centre: np.ndarray, patch: np.ndarray) -> tuple[np.
     return img, lbl
 
 
-def draw_centre(rng: np.random.Generator, f: h5py.File, patch: np.ndarray,
-                force_foreground: bool) -> np.ndarray:
+def draw_centre(
+    rng: np.random.Generator, f: h5py.File, patch: np.ndarray, force_foreground: bool
+) -> np.ndarray:
     """A patch centre: on a stored foreground voxel of a random present class, or uniform."""
     shape = np.array(f["label"].shape)
     if force_foreground and "foreground" in f:
@@ -74,8 +77,14 @@ def draw_centre(rng: np.random.Generator, f: h5py.File, patch: np.ndarray,
 class PatchSampler:
     """Batches of (image, label) patches; the last `fg_fraction` of each batch hits foreground."""
 
-    def __init__(self, store: CaseStore, patch_size: list[int], batch_size: int,
-                 fg_fraction: float = 1 / 3, seed: int = 0) -> None:
+    def __init__(
+        self,
+        store: CaseStore,
+        patch_size: list[int],
+        batch_size: int,
+        fg_fraction: float = 1 / 3,
+        seed: int = 0,
+    ) -> None:
         self.store = store
         self.patch = np.array(patch_size, int)
         self.batch_size = batch_size
@@ -92,5 +101,7 @@ class PatchSampler:
             img, lbl = read_patch(f, centre, self.patch)
             imgs.append(img)
             lbls.append(lbl)
-        return {"image": torch.from_numpy(np.stack(imgs)),
-                "label": torch.from_numpy(np.stack(lbls)[:, None].astype(np.int64))}
+        return {
+            "image": torch.from_numpy(np.stack(imgs)),
+            "label": torch.from_numpy(np.stack(lbls)[:, None].astype(np.int64)),
+        }

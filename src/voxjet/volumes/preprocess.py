@@ -50,18 +50,29 @@ def load_ras(path: Path, dtype=np.float32) -> tuple[np.ndarray, nib.Nifti1Image]
         raise VoxjetError(f"{path}: not a readable NIfTI image ({e})") from e
 
 
-def _check_pair(ds: MSDDataset, case: Case, image: nib.Nifti1Image, label: nib.Nifti1Image,
-                label_arr: np.ndarray) -> None:
+def _check_pair(
+    ds: MSDDataset,
+    case: Case,
+    image: nib.Nifti1Image,
+    label: nib.Nifti1Image,
+    label_arr: np.ndarray,
+) -> None:
     if image.shape[:3] != label.shape[:3]:
-        raise VoxjetError(f"{ds.path(case.label)}: shape {label.shape} differs from the image's "
-                          f"{image.shape}; fix or drop this case")
+        raise VoxjetError(
+            f"{ds.path(case.label)}: shape {label.shape} differs from the image's "
+            f"{image.shape}; fix or drop this case"
+        )
     if not np.allclose(image.affine, label.affine, atol=1e-3, rtol=1e-3):
-        raise VoxjetError(f"{ds.path(case.label)}: affine differs from the image's; the label is "
-                          "not in the image's space")
+        raise VoxjetError(
+            f"{ds.path(case.label)}: affine differs from the image's; the label is "
+            "not in the image's space"
+        )
     bad = sorted(set(np.unique(label_arr).astype(int).tolist()) - set(ds.labels))
     if bad:
-        raise VoxjetError(f"{ds.path(case.label)}: label values {bad} are not declared in "
-                          f"dataset.json labels {sorted(ds.labels)}")
+        raise VoxjetError(
+            f"{ds.path(case.label)}: label values {bad} are not declared in "
+            f"dataset.json labels {sorted(ds.labels)}"
+        )
 
 
 def _ras_spacing(img: nib.Nifti1Image) -> np.ndarray:
@@ -92,14 +103,21 @@ def fingerprint(ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig) -> d
         if len(fg):
             samples.append(rng.choice(fg, size=min(len(fg), cfg.foreground_samples), replace=False))
     fg = np.concatenate(samples) if samples else np.zeros(1)
-    return {"cases": len(case_ids), "modality": ds.modality, "labels": ds.labels,
-            "spacings": spacings, "shapes": shapes,
-            "median_spacing": np.median(spacings, 0).tolist(),
-            "median_shape": np.median(shapes, 0).tolist(),
-            "foreground_intensity": {
-                "mean": float(fg.mean()), "std": float(fg.std()),
-                "percentile_00_5": float(np.percentile(fg, 0.5)),
-                "percentile_99_5": float(np.percentile(fg, 99.5))}}
+    return {
+        "cases": len(case_ids),
+        "modality": ds.modality,
+        "labels": ds.labels,
+        "spacings": spacings,
+        "shapes": shapes,
+        "median_spacing": np.median(spacings, 0).tolist(),
+        "median_shape": np.median(shapes, 0).tolist(),
+        "foreground_intensity": {
+            "mean": float(fg.mean()),
+            "std": float(fg.std()),
+            "percentile_00_5": float(np.percentile(fg, 0.5)),
+            "percentile_99_5": float(np.percentile(fg, 99.5)),
+        },
+    }
 
 
 def target_spacing(spacings: list[list[float]]) -> list[float]:
@@ -119,13 +137,20 @@ def make_plan(fp: dict, cfg: VolumePrepConfig) -> dict:
     by 2**depth so the U-Net's down/up-sampling lines up)."""
     spacing = cfg.target_spacing or target_spacing(fp["spacings"])
     med_shape = np.array(fp["median_shape"]) * np.array(fp["median_spacing"]) / np.array(spacing)
-    div = 2 ** cfg.network_depth
-    patch = [int(max(div, min(p, (int(m) // div) * div))) for p, m in zip(cfg.patch_size,
-                                                                             med_shape, strict=True)]
-    return {"target_spacing": [float(s) for s in spacing], "patch_size": patch,
-            "network_depth": cfg.network_depth, "num_classes": len(fp["labels"]),
-            "labels": fp["labels"], "modality": fp["modality"],
-            "normalization": "ct" if fp["modality"].upper() == "CT" else "zscore"}
+    div = 2**cfg.network_depth
+    patch = [
+        int(max(div, min(p, (int(m) // div) * div)))
+        for p, m in zip(cfg.patch_size, med_shape, strict=True)
+    ]
+    return {
+        "target_spacing": [float(s) for s in spacing],
+        "patch_size": patch,
+        "network_depth": cfg.network_depth,
+        "num_classes": len(fp["labels"]),
+        "labels": fp["labels"],
+        "modality": fp["modality"],
+        "normalization": "ct" if fp["modality"].upper() == "CT" else "zscore",
+    }
 
 
 def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
@@ -146,8 +171,9 @@ def resample(arr: np.ndarray, spacing: np.ndarray, target: np.ndarray, order: in
     return ndimage.zoom(arr, zoom, order=order, mode="nearest", grid_mode=True)
 
 
-def preprocess_case(ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path,
-                    cfg: VolumePrepConfig) -> dict:
+def preprocess_case(
+    ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path, cfg: VolumePrepConfig
+) -> dict:
     """Write one case file; returns its summary (shape, class voxel counts)."""
     image, img = load_ras(ds.path(case.image))
     label, lbl = load_ras(ds.path(case.label), np.uint8)
@@ -158,8 +184,9 @@ def preprocess_case(ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: 
     target = np.array(plan["target_spacing"])
     image = normalise(resample(image[sl], spacing, target, order=1), plan, fp)
     label = resample(label[sl], spacing, target, order=0).astype(np.uint8)
-    chunks = tuple(int(min(s, max(8, p // 2))) for s, p in zip(image.shape, plan["patch_size"],
-                                                               strict=True))
+    chunks = tuple(
+        int(min(s, max(8, p // 2))) for s, p in zip(image.shape, plan["patch_size"], strict=True)
+    )
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
@@ -173,12 +200,19 @@ def preprocess_case(ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: 
             if len(coords) > cfg.foreground_samples:
                 coords = coords[rng.choice(len(coords), cfg.foreground_samples, replace=False)]
             f.create_dataset(f"foreground/{cls}", data=coords)
-        f.attrs.update({
-            "case_id": case.case_id, "format_version": FORMAT_VERSION,
-            "original_affine": img.affine, "original_shape": img.shape[:3],
-            "original_spacing_ras": spacing, "ras_orientation_of_original":
-                "".join(nib.aff2axcodes(img.affine)),
-            "crop_box": np.array(box), "spacing": target, "shape": image.shape})
+        f.attrs.update(
+            {
+                "case_id": case.case_id,
+                "format_version": FORMAT_VERSION,
+                "original_affine": img.affine,
+                "original_shape": img.shape[:3],
+                "original_spacing_ras": spacing,
+                "ras_orientation_of_original": "".join(nib.aff2axcodes(img.affine)),
+                "crop_box": np.array(box),
+                "spacing": target,
+                "shape": image.shape,
+            }
+        )
     return {"case_id": case.case_id, "shape": list(image.shape), "voxels_per_class": counts}
 
 
@@ -188,16 +222,22 @@ def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[st
     perm = [ids[i] for i in np.random.default_rng(cfg.seed).permutation(len(ids))]
     n_test = max(1, int(round(len(ids) * cfg.test_fraction))) if len(ids) >= 3 else 0
     n_val = max(1, int(round(len(ids) * cfg.val_fraction))) if len(ids) >= 3 else 0
-    split = {"test": perm[:n_test], "val": perm[n_test:n_test + n_val],
-             "train": perm[n_test + n_val:]}
+    split = {
+        "test": perm[:n_test],
+        "val": perm[n_test : n_test + n_val],
+        "train": perm[n_test + n_val :],
+    }
     if not split["train"]:
-        raise VoxjetError(f"{len(ids)} cases leave none for training: lower val_fraction / "
-                          "test_fraction or add cases")
+        raise VoxjetError(
+            f"{len(ids)} cases leave none for training: lower val_fraction / "
+            "test_fraction or add cases"
+        )
     return split
 
 
-def preprocess_dataset(manifest_path: str | os.PathLike, out_dir: str | os.PathLike,
-                       cfg: VolumePrepConfig) -> dict:
+def preprocess_dataset(
+    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: VolumePrepConfig
+) -> dict:
     """Fingerprint on the training cases, plan, preprocess every case; the folder appears whole."""
     manifest = read_json(manifest_path)
     ds = load_dataset(manifest["root"])

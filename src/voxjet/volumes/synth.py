@@ -48,11 +48,13 @@ def _orientation_affine(rng: np.random.Generator, spacing: np.ndarray, shape) ->
     return aff
 
 
-def make_case(rng: np.random.Generator, cfg: ToyVolumesConfig) -> tuple[np.ndarray, np.ndarray,
-                                                                        np.ndarray]:
+def make_case(
+    rng: np.random.Generator, cfg: ToyVolumesConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(image int16 HU, label uint8, affine) for one synthetic case."""
-    shape = tuple(int(rng.integers(lo, hi + 1)) for lo, hi in zip(cfg.min_shape, cfg.max_shape,
-                                                                   strict=True))
+    shape = tuple(
+        int(rng.integers(lo, hi + 1)) for lo, hi in zip(cfg.min_shape, cfg.max_shape, strict=True)
+    )
     spacing = np.array([rng.uniform(0.7, 1.0), 0.0, rng.uniform(2.0, 3.0)])
     spacing[1] = spacing[0]
     s = np.array(shape, float)
@@ -77,8 +79,11 @@ def make_case(rng: np.random.Generator, cfg: ToyVolumesConfig) -> tuple[np.ndarr
     # Partial-volume edges: blur in-plane less than through-plane, as thick slices do.
     hu = ndimage.gaussian_filter(hu, sigma=(0.7, 0.7, 0.35 * spacing[2] / spacing[0]))
     hu += rng.normal(0, 12, shape)
-    return np.clip(hu, -1024, 3071).astype(np.int16), label, _orientation_affine(rng, spacing,
-                                                                                  shape)
+    return (
+        np.clip(hu, -1024, 3071).astype(np.int16),
+        label,
+        _orientation_affine(rng, spacing, shape),
+    )
 
 
 def _save(arr: np.ndarray, affine: np.ndarray, path: Path) -> None:
@@ -89,8 +94,12 @@ def _save(arr: np.ndarray, affine: np.ndarray, path: Path) -> None:
         os.replace(str(tmp) + ".nii.gz", tmp)
 
 
-def generate_dataset(out_dir: str | os.PathLike, cfg: ToyVolumesConfig, progress: bool = True,
-                     name: str = "Task00_Toy") -> Path:
+def generate_dataset(
+    out_dir: str | os.PathLike,
+    cfg: ToyVolumesConfig,
+    progress: bool = True,
+    name: str = "Task00_Toy",
+) -> Path:
     """Write an MSD-layout dataset (dataset.json, imagesTr, labelsTr, imagesTs)."""
     from tqdm import tqdm
 
@@ -110,10 +119,17 @@ def generate_dataset(out_dir: str | os.PathLike, cfg: ToyVolumesConfig, progress
         else:
             _save(image, affine, out / "imagesTs" / case)
             test.append(f"./imagesTs/{case}")
-    meta = {"name": name, "description": "voxjet synthetic CT-like volumes",
-            "tensorImageSize": "3D", "modality": {"0": "CT"}, "labels": LABELS,
-            "numTraining": len(training), "numTest": len(test), "training": training,
-            "test": test}
+    meta = {
+        "name": name,
+        "description": "voxjet synthetic CT-like volumes",
+        "tensorImageSize": "3D",
+        "modality": {"0": "CT"},
+        "labels": LABELS,
+        "numTraining": len(training),
+        "numTest": len(test),
+        "training": training,
+        "test": test,
+    }
     with atomic_path(out / "dataset.json") as tmp:
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
     return out

@@ -24,15 +24,22 @@ SEG_TRAIN_KEYS = ("iterations_per_epoch", "foreground_fraction")
 class SegTask:
     """Segmentation for the shared loop: DiceCE on patches, mean foreground Dice picks the best."""
 
-    def __init__(self, cases_dir: str | Path, model_cfg: dict[str, Any], s: TrainSettings,
-                 iterations_per_epoch: int = 50, foreground_fraction: float = 1 / 3) -> None:
+    def __init__(
+        self,
+        cases_dir: str | Path,
+        model_cfg: dict[str, Any],
+        s: TrainSettings,
+        iterations_per_epoch: int = 50,
+        foreground_fraction: float = 1 / 3,
+    ) -> None:
         self.dir = Path(cases_dir)
         self.plan = read_json(self.dir / "plan.json")
         self.splits = read_json(self.dir / "splits.json")
         self.train_store = CaseStore(self.dir, self.splits["train"])
         self.val_store = CaseStore(self.dir, self.splits["val"] or self.splits["train"][:1])
-        self.sampler = PatchSampler(self.train_store, self.plan["patch_size"], s.batch_size,
-                                    foreground_fraction, s.seed)
+        self.sampler = PatchSampler(
+            self.train_store, self.plan["patch_size"], s.batch_size, foreground_fraction, s.seed
+        )
         self.iterations = iterations_per_epoch
         self.model_cfg = {"in_channels": 1, "out_channels": self.plan["num_classes"], **model_cfg}
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
@@ -60,8 +67,10 @@ class SegTask:
             for c, m in seg_metrics(pred, label, n).items():
                 if m["present"]:
                     dices[c].append(m["dice"])
-        per = {f"dice_{self.plan['labels'][str(c)]}": float(np.mean(v)) if v else float("nan")
-               for c, v in dices.items()}
+        per = {
+            f"dice_{self.plan['labels'][str(c)]}": float(np.mean(v)) if v else float("nan")
+            for c, v in dices.items()
+        }
         vals = [v for v in per.values() if np.isfinite(v)]
         return {"score": float(np.mean(vals)) if vals else 0.0, **per}
 

@@ -1,0 +1,178 @@
+"""Jets: the toy generator's ROOT files, features and padding, shards, the PFN, metrics."""
+
+from __future__ import annotations
+
+import awkward as ak
+import h5py
+import numpy as np
+import pytest
+import torch
+import uproot
+
+from voxjet.errors import VoxjetError
+from voxjet.jets.features import compute_features, labels_from_onehot, pad_jagged
+from voxjet.jets.metrics import jet_metrics, rejection_at, roc_auc, roc_curve
+from voxjet.jets.models import PFN
+from voxjet.jets.schema import JET_BRANCHES, LABEL_BRANCHES, PARTICLE_BRANCHES
+from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset, generate_file
+from voxjet.stage.transfer import stage
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    out = tmp_path_factory.mktemp("toyjets")
+    generate_dataset(out, ToyJetsConfig(files_per_class=1, jets_per_file=300), progress=False)
+    return out
+
+
+def test_toy_files_follow_the_jetclass_schema(toy_root):
+    with uproot.open(toy_root / "Wqq_000.root") as f:
+        tree = f["tree"]
+        assert tree.classname == "TTree"
+        assert set(PARTICLE_BRANCHES + JET_BRANCHES + LABEL_BRANCHES) <= set(tree.keys())
+        a = tree.arrays(["part_px", "jet_nparticles", "label_Wqq", "label_Hbb"], library="ak")
+        assert ak.all(ak.num(a["part_px"]) == a["jet_nparticles"])
+        # label branches mix types, as JetClass's do
+        assert {tree["label_QCD"].typename, tree["label_Hbb"].typename} == {"float", "bool"}
+        assert ak.all(a["label_Wqq"] == 1) and not ak.any(a["label_Hbb"])
+
+
+def test_toy_generator_is_deterministic(tmp_path):
+    cfg = ToyJetsConfig()
+    generate_file(tmp_path / "a.root", "Tbqq", 25, 3, cfg)
+    generate_file(tmp_path / "b.root", "Tbqq", 25, 3, cfg)
+    a = uproot.open(tmp_path / "a.root")["tree"].arrays(library="np")
+    b = uproot.open(tmp_path / "b.root")["tree"].arrays(library="np")
+    assert all(
+        np.array_equal(
+            np.concatenate(a[k]) if a[k].dtype == object else a[k],
+            np.concatenate(b[k]) if b[k].dtype == object else b[k],
+        )
+        for k in a
+    )
+
+
+def test_toy_jets_have_the_physics_they_claim(toy_root):
+    mass = {}
+    for c in ("QCD", "Wqq", "Hbb", "Tbqq"):
+        a = uproot.open(toy_root / f"{c}_000.root")["tree"].arrays(
+            ["jet_sdmass", "jet_pt", "jet_eta"], library="np"
+        )
+        mass[c] = np.median(a["jet_sdmass"])
+        assert 400 < np.median(a["jet_pt"]) < 1100 and np.abs(a["jet_eta"]).max() < 2.5
+    assert 70 < mass["Wqq"] < 100 and 110 < mass["Hbb"] < 140 and 150 < mass["Tbqq"] < 190
+    assert mass["QCD"] < mass["Wqq"]
+
+
+def test_unknown_toy_class_is_refused(tmp_path):
+    with pytest.raises(VoxjetError, match="unknown classes"):
+        generate_dataset(tmp_path, ToyJetsConfig(classes=["QCD", "Graviton"]), progress=False)
+
+
+def test_pad_jagged_pads_and_clips():
+    content = np.arange(6, dtype=np.float32)[:, None]
+    out = pad_jagged(content, np.array([1, 0, 5]), 3)
+    assert out[:, :, 0].tolist() == [[0, 0, 0], [0, 0, 0], [1, 2, 3]]
+
+
+def test_features_sorted_by_pt_with_mask():
+    arrays = ak.Array(
+        {
+            "part_px": [[1.0, 3.0, 2.0], [5.0]],
+            "part_py": [[0.0, 0.0, 0.0], [0.0]],
+            "part_deta": [[0.1, 0.3, 0.2], [0.0]],
+            "part_dphi": [[0.0, 0.0, 0.0], [0.0]],
+            "jet_pt": [6.0, 5.0],
+            "jet_sdmass": [10.0, 1.0],
+        }
+    )
+    out = compute_features(arrays, ["part_deta", "part_pt_log"], ["jet_sdmass"], 4)
+    assert out["particles"].shape == (2, 4, 2)
+    np.testing.assert_allclose(out["particles"][0, :3, 0], [0.3, 0.2, 0.1])
+    assert out["mask"].tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert out["jets"][:, 0].tolist() == [10.0, 1.0]
+
+
+def test_labels_from_mixed_type_onehot():
+    arrays = ak.Array(
+        {
+            "label_A": np.array([1.0, 0.0, 0.0], np.float32),
+            "label_B": np.array([False, True, False]),
+        }
+    )
+    assert labels_from_onehot(arrays, ["label_A", "label_B"]).tolist() == [0, 1, -1]
+
+
+def test_shards_split_shuffle_and_index(toy_root, tmp_path):
+    stage(str(toy_root), tmp_path / "staged", tmp_path / "manifest.json", patterns=["*.root"])
+    cfg = JetDataConfig(max_particles=32, jets_per_shard=250, val_fraction=0.1, test_fraction=0.2)
+    index = shard_jets(tmp_path / "manifest.json", tmp_path / "shards", cfg)
+    sp = index["splits"]
+    assert sp["train"]["jets"] + sp["val"]["jets"] + sp["test"]["jets"] == 1200
+    assert sp["test"]["jets"] == 240 and sp["val"]["jets"] == 120
+    assert [s["jets"] for s in sp["train"]["shards"]] == [250, 250, 250, 90]
+    with h5py.File(tmp_path / "shards" / sp["train"]["shards"][0]["file"]) as f:
+        assert f["particles"].shape == (250, 32, len(cfg.particle_features))
+        labels = f["labels"][...]
+        assert list(f.attrs["classes"]) == ["QCD", "Hbb", "Wqq", "Tbqq"]
+    assert len(np.unique(labels)) == 4  # shuffled across the one-class files
+    assert len(index["particle_mean"]) == len(cfg.particle_features)
+    assert not list(tmp_path.glob(".shards*"))  # no temporary folder left behind
+
+
+def test_shard_errors_name_the_file_and_key(toy_root, tmp_path):
+    stage(str(toy_root), tmp_path / "staged", tmp_path / "manifest.json", patterns=["*.root"])
+    with pytest.raises(VoxjetError, match=r"Hbb_000\.root.*label_Nope.*jets\.labels"):
+        shard_jets(
+            tmp_path / "manifest.json",
+            tmp_path / "s",
+            JetDataConfig(labels=["label_QCD", "label_Nope"]),
+        )
+    with pytest.raises(VoxjetError, match="unknown particle features"):
+        shard_jets(
+            tmp_path / "manifest.json",
+            tmp_path / "s",
+            JetDataConfig(particle_features=["part_bogus"]),
+        )
+    assert not (tmp_path / "s").exists()
+
+
+def test_pfn_is_permutation_and_padding_invariant():
+    torch.manual_seed(0)
+    model = PFN(4, 3, [0.0] * 4, [1.0] * 4, phi_sizes=(16, 16), f_sizes=(8,)).eval()
+    x = torch.randn(2, 6, 4)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    x[0, 4:] = 99.0  # garbage in padded slots must not matter
+    ref = model(x, mask)
+    perm = torch.tensor([3, 1, 0, 2, 4, 5])
+    torch.testing.assert_close(model(x[:, perm], mask[:, perm]), ref)
+    padded = torch.cat([x, torch.zeros(2, 3, 4)], 1)
+    torch.testing.assert_close(
+        model(padded, torch.cat([mask, torch.zeros(2, 3, dtype=torch.bool)], 1)), ref
+    )
+
+
+def test_auc_and_rejection():
+    y = np.array([0, 0, 1, 1])
+    assert roc_auc(np.array([0.1, 0.2, 0.8, 0.9]), y) == 1.0
+    assert roc_auc(np.array([0.9, 0.8, 0.2, 0.1]), y) == 0.0
+    assert roc_auc(np.array([0.5, 0.5, 0.5, 0.5]), y) == 0.5
+    rng = np.random.default_rng(0)
+    s, b = rng.normal(1, 1, 20000), rng.normal(0, 1, 20000)
+    scores, sig = np.concatenate([s, b]), np.r_[np.ones(20000), np.zeros(20000)]
+    # Gaussians one sigma apart: AUC = Phi(1/sqrt 2) = 0.760; at eps_S = 0.5 the cut is at 1,
+    # so eps_B = 1 - Phi(1) = 0.1587 and the rejection is 6.30
+    assert abs(roc_auc(scores, sig) - 0.760) < 0.01
+    assert abs(rejection_at(scores, sig, 0.5) - 6.30) < 0.3
+    eff_s, eff_b = roc_curve(scores, sig)
+    assert eff_s[-1] == 1 and eff_b[-1] == 1 and (np.diff(eff_s) >= 0).all()
+
+
+def test_jet_metrics_per_class_against_qcd():
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    probs = np.eye(3)[labels] * 0.9 + 0.1 / 3
+    m = jet_metrics(probs, labels, ["QCD", "Wqq", "Tbqq"])
+    assert m["accuracy"] == 1.0 and m["auc_macro"] == 1.0
+    assert set(m["vs_QCD"]) == {"Wqq", "Tbqq"} and m["vs_QCD"]["Wqq"]["auc"] == 1.0
+    assert m["vs_QCD"]["Wqq"]["rej50"] == 2  # no background passes: bounded by N_B

@@ -58,6 +58,10 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
+    report = run_snakemake(workflow_dir, "--report", "report.html", "--configfile", str(tiny))
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "summary.md" in (workflow_dir / "report.html").read_text(errors="ignore")
+
     again = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     assert "Nothing to be done" in again.stdout + again.stderr
 

@@ -5,8 +5,16 @@ rule aggregate:
     input:
         eval_targets(),
     output:
-        csv="results/summary/metrics.csv",
-        md="results/summary/summary.md",
+        csv=report(
+            "results/summary/metrics.csv",
+            caption="../report/metrics.rst",
+            category="Summary",
+        ),
+        md=report(
+            "results/summary/summary.md",
+            caption="../report/summary.rst",
+            category="Summary",
+        ),
     params:
         runs=aggregate_runs(),
     log:

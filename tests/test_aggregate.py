@@ -88,3 +88,77 @@ def test_flatten_eval_keeps_scalars_and_nested_classes():
     )
     assert set(flat) == {"dice_mean", "dice_lesion", "hd95_lesion"}
     assert flat["hd95_lesion"] == 2.0
+
+
+def test_figures_for_every_dataset_and_the_pipeline(tmp_path):
+    import h5py
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 300)
+    probs = np.eye(3)[labels] * 0.5 + rng.random((300, 3)) * 0.5
+    probs /= probs.sum(1, keepdims=True)
+    log = [
+        {"step": s, "loss": 1 / s, "jets_per_s": 1e4, "data_wait_fraction": 0.05}
+        for s in (10, 20, 30)
+    ] + [{"step": 30, "split": "val", "auc_macro": 0.9, "score": 0.9}]
+    jets = _run(
+        tmp_path,
+        "pfn",
+        "jets",
+        {
+            "auc_macro": 0.9,
+            "vs_QCD": {
+                "Wqq": {"auc": 0.9, "rej50": 30.0, "rej30": 90.0},
+                "Tbqq": {"auc": 0.95, "rej50": 80.0, "rej30": 200.0},
+            },
+        },
+        train=log,
+    )
+    with h5py.File(tmp_path / "pfn" / "eval" / "predictions.h5", "w") as f:
+        f["probs"], f["labels"] = probs, labels
+        f.attrs["classes"] = ["QCD", "Wqq", "Tbqq"]
+    seg_log = [
+        {"step": 5, "loss": 0.8, "patches_per_s": 40, "data_wait_fraction": 0.2},
+        {"step": 5, "split": "val", "score": 0.7},
+    ]
+    seg = _run(
+        tmp_path,
+        "unet",
+        "volumes",
+        {
+            "dice_mean": 0.8,
+            "per_case": {
+                "c1": {
+                    "organ": {"dice": 0.9, "hd95": 1.0, "present": True},
+                    "lesion": {"dice": None, "hd95": None, "present": False},
+                },
+                "c2": {
+                    "organ": {"dice": 0.7, "hd95": 2.0, "present": True},
+                    "lesion": {"dice": 0.5, "hd95": 3.0, "present": True},
+                },
+            },
+        },
+        train=seg_log,
+    )
+    bench = tmp_path / "bench" / "train_jets" / "ds"
+    bench.mkdir(parents=True)
+    (bench / "pfn.tsv").write_text("s\th:m:s\tmax_rss\n12.5\t0:00:12\t800.1\n")
+    out = aggregate([jets, seg], tmp_path / "summary", str(tmp_path / "bench"))
+    expected = {
+        "jets-ds_jets-roc.png",
+        "jets-ds_jets-rejection.png",
+        "jets-ds_jets-training.png",
+        "volumes-ds_volumes-dice.png",
+        "volumes-ds_volumes-training.png",
+        "pipeline-all-throughput.png",
+        "pipeline-all-cost.png",
+    }
+    assert set(out["figures"]) == expected
+    for name in expected:
+        png = (tmp_path / "summary" / "figures" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert (
+        "![jets-ds_jets-roc.png](figures/jets-ds_jets-roc.png)"
+        in (tmp_path / "summary" / "summary.md").read_text()
+    )

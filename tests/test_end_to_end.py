@@ -52,6 +52,8 @@ def test_demo_pipeline_end_to_end(workflow_dir):
             ).read_text()
         )
         assert val[(run, "auc_macro")] == m["auc_macro"]
+    figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
+    assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png"} <= figures
     # every rule left a log and a benchmark
     assert len(list((workflow_dir / "logs").rglob("*.log"))) == 13
     assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 13

@@ -95,7 +95,7 @@ def _aggregate(a: argparse.Namespace) -> None:
     from voxjet.report.aggregate import RunInfo, aggregate
 
     runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
-    out = aggregate(runs, a.out)
+    out = aggregate(runs, a.out, a.benchmarks)
     if out["missing"]:
         print(f"runs without metrics (listed as missing): {out['missing']}", file=sys.stderr)
 
@@ -186,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("aggregate", help="tidy metrics.csv and summary.md over all runs")
     s.add_argument("--runs", required=True, help="JSON (or @file) list of runs")
+    s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_aggregate)
     return p

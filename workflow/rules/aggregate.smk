@@ -1,9 +1,11 @@
-# Every run's metrics → results/summary/{metrics.csv, summary.md}.
+# Every run's metrics → results/summary/{metrics.csv, summary.md, figures/}. Benchmark files
+# of the earlier rules are read too (they exist once those jobs ran) for the cost figure.
 
 
 rule aggregate:
     input:
-        eval_targets(),
+        evals=eval_targets(),
+        train_logs=train_logs(),
     output:
         csv=report(
             "results/summary/metrics.csv",
@@ -14,6 +16,14 @@ rule aggregate:
             "results/summary/summary.md",
             caption="../report/summary.rst",
             category="Summary",
+        ),
+        figures=report(
+            directory("results/summary/figures"),
+            patterns=["{domain}-{dataset}-{figure}.png"],
+            caption="../report/figures.rst",
+            category="{domain}",
+            subcategory="{dataset}",
+            labels={"figure": "{figure}"},
         ),
     params:
         runs=aggregate_runs(),
@@ -28,4 +38,5 @@ rule aggregate:
     conda:
         ENV
     shell:
-        "voxjet aggregate --runs {params.runs:q} --out results/summary > {log} 2>&1"
+        "voxjet aggregate --runs {params.runs:q} --out results/summary"
+        " --benchmarks results/benchmarks > {log} 2>&1"

@@ -101,6 +101,10 @@ def eval_targets(domain=None):
             if domain is None or r.domain == domain]
 
 
+def train_logs():
+    return [f"results/{r.dataset}/runs/{r.run_id}/metrics.jsonl" for r in RUNS.values()]
+
+
 def aggregate_runs():
     """What the aggregate step needs to know about every run, as JSON."""
     return json.dumps([

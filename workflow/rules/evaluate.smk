@@ -7,6 +7,14 @@ rule evaluate_jets:
         model=rules.train_jets.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
+        predictions="results/{dataset}/runs/{run}/eval/predictions.h5",
+        roc=report(
+            "results/{dataset}/runs/{run}/eval/roc.png",
+            caption="../report/roc_run.rst",
+            category="jets",
+            subcategory="{dataset}",
+            labels={"run": "{run}", "figure": "ROC"},
+        ),
     params:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:
@@ -33,6 +41,13 @@ rule evaluate_seg:
         model=rules.train_seg.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
+        overlays=report(
+            "results/{dataset}/runs/{run}/eval/overlays.png",
+            caption="../report/overlays.rst",
+            category="volumes",
+            subcategory="{dataset}",
+            labels={"run": "{run}", "figure": "overlays"},
+        ),
     params:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:

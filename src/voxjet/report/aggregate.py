@@ -152,14 +152,113 @@ def _rank_value(v: float | None, higher: bool) -> float:
     return v if higher else -v
 
 
-def aggregate(runs: list[RunInfo], out_dir: str | os.PathLike) -> dict[str, Any]:
-    """Write metrics.csv and summary.md into `out_dir` (each atomically)."""
+def _read_lines(path: str) -> list[dict[str, Any]]:
+    p = Path(path)
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
+
+
+def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
+    """Every summary figure into `fig_dir`, named <domain>-<dataset>-<kind>.png; returns names."""
+    import h5py
+
+    from voxjet.report import figures
+
+    done = [r for r in runs if Path(r.eval_metrics).is_file()]
+    names: list[str] = []
+    by_ds: dict[tuple[str, str], list[RunInfo]] = {}
+    for r in done:
+        by_ds.setdefault((r.domain, r.dataset), []).append(r)
+    for (domain, ds), rs in sorted(by_ds.items()):
+        metrics = {r.run: json.loads(Path(r.eval_metrics).read_text()) for r in rs}
+        logs = {r.run: _read_lines(r.train_metrics) for r in rs}
+        stem = f"{domain}-{ds}"
+        if domain == "jets":
+            preds = {}
+            for r in rs:
+                p = Path(r.eval_metrics).parent / "predictions.h5"
+                if p.is_file():
+                    with h5py.File(p) as f:
+                        preds[r.run] = (
+                            f["probs"][...],
+                            f["labels"][...],
+                            [str(c) for c in f.attrs["classes"]],
+                        )
+            if preds:
+                figures.roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
+                names.append(f"{stem}-roc.png")
+            rej = {
+                run: {
+                    c: v["rej50"]
+                    for c, v in m.get("vs_QCD", {}).items()
+                    if v.get("rej50") is not None
+                }
+                for run, m in metrics.items()
+            }
+            if any(rej.values()):
+                figures.grouped_bars(
+                    fig_dir / f"{stem}-rejection.png",
+                    f"{ds}: QCD rejection at 50% signal efficiency",
+                    rej,
+                    "1/ε_B at ε_S = 0.5",
+                    log=True,
+                )
+                names.append(f"{stem}-rejection.png")
+            val_metric = "auc_macro"
+        else:
+            per_run = {}
+            for run, m in metrics.items():
+                per_class: dict[str, list[float]] = {}
+                for case in m.get("per_case", {}).values():
+                    for c, v in case.items():
+                        if v.get("present") and v.get("dice") is not None:
+                            per_class.setdefault(c, []).append(v["dice"])
+                per_run[run] = per_class
+            if any(per_run.values()):
+                figures.dice_boxes(
+                    fig_dir / f"{stem}-dice.png", f"{ds}: Dice per class (test cases)", per_run
+                )
+                names.append(f"{stem}-dice.png")
+            val_metric = "score"
+        if any(logs.values()):
+            figures.training_curves(
+                fig_dir / f"{stem}-training.png",
+                f"{ds}: training" + (" (validation: mean Dice)" if val_metric == "score" else ""),
+                logs,
+                val_metric,
+            )
+            names.append(f"{stem}-training.png")
+    rows = []
+    for r in done:
+        summary = train_summary(_read_lines(r.train_metrics))
+        rate = next((k for k in summary if k.startswith("train_") and k.endswith("_per_s")), None)
+        if rate:
+            unit = rate.removeprefix("train_").removesuffix("_per_s")
+            rows.append((r.run, unit, summary[rate], summary["data_wait_fraction"]))
+    if rows:
+        figures.throughput(fig_dir / "pipeline-all-throughput.png", rows)
+        names.append("pipeline-all-throughput.png")
+    bench = figures.read_benchmarks(benchmarks) if benchmarks and Path(benchmarks).is_dir() else []
+    if bench:
+        figures.pipeline_cost(fig_dir / "pipeline-all-cost.png", bench)
+        names.append("pipeline-all-cost.png")
+    return names
+
+
+def aggregate(
+    runs: list[RunInfo], out_dir: str | os.PathLike, benchmarks: str | None = None
+) -> dict[str, Any]:
+    """Write metrics.csv, summary.md and figures/ into `out_dir` (each atomically)."""
     out = Path(out_dir)
     rows, missing = collect(runs)
+    with atomic_path(out / "figures", directory=True) as tmp:
+        names = write_figures(runs, tmp, benchmarks)
     with atomic_path(out / "metrics.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(rows)
+    md = summary_markdown(rows, missing)
+    if names:
+        md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:
-        tmp.write_text(summary_markdown(rows, missing))
-    return {"rows": len(rows), "missing": [m.run for m in missing]}
+        tmp.write_text(md)
+    return {"rows": len(rows), "missing": [m.run for m in missing], "figures": names}

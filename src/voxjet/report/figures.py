@@ -1,0 +1,216 @@
+"""The summary figures: ROC curves, rejection per class, Dice per class, training curves,
+throughput and data stall per run, and where the pipeline's time and memory went per rule.
+Each function takes plain data and a path, so tests can call it without a workflow."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from voxjet.io.atomic import atomic_path
+from voxjet.jets.metrics import roc_curve
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    _plt().close(fig)
+
+
+def roc_overlay(
+    path: Path, title: str, runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]]
+) -> None:
+    """One panel a signal class: rejection 1/eps_B against signal efficiency, runs overlaid."""
+    plt = _plt()
+    classes = next(iter(runs.values()))[2]
+    signals = [c for c in classes if c != "QCD"]
+    fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
+    for ax, sig in zip(axes[0], signals, strict=True):
+        for run, (probs, labels, cls) in runs.items():
+            i = cls.index(sig)
+            if "QCD" in cls:
+                b = cls.index("QCD")
+                sel = (labels == i) | (labels == b)
+                score = probs[sel, i] / np.maximum(probs[sel, i] + probs[sel, b], 1e-12)
+            else:
+                sel, score = np.ones(len(labels), bool), probs[:, i]
+            eff_s, eff_b = roc_curve(score, labels[sel] == i)
+            ok = eff_b > 0
+            ax.plot(eff_s[ok], 1 / eff_b[ok], label=run)
+        ax.set_yscale("log")
+        ax.set_xlim(0, 1)
+        ax.set_xlabel(f"{sig} efficiency ε_S")
+        ax.set_ylabel("QCD rejection 1/ε_B" if "QCD" in classes else "rejection 1/ε_B")
+        ax.set_title(f"{sig} vs {'QCD' if 'QCD' in classes else 'rest'}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def grouped_bars(
+    path: Path,
+    title: str,
+    values: Mapping[str, Mapping[str, float]],
+    ylabel: str,
+    log: bool = False,
+) -> None:
+    """Bars grouped by category (e.g. class), one colour a run."""
+    plt = _plt()
+    runs = list(values)
+    cats = sorted({c for v in values.values() for c in v})
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(cats) * max(1, len(runs)) / 2 + 2), 3.8))
+    width = 0.8 / max(1, len(runs))
+    x = np.arange(len(cats))
+    for k, run in enumerate(runs):
+        ax.bar(
+            x + k * width - 0.4 + width / 2,
+            [values[run].get(c, np.nan) for c in cats],
+            width,
+            label=run,
+        )
+    ax.set_xticks(x, cats)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    _save(fig, path)
+
+
+def dice_boxes(
+    path: Path, title: str, per_run: Mapping[str, Mapping[str, Sequence[float]]]
+) -> None:
+    """Dice per case as box plots: one group a class, one box a run."""
+    plt = _plt()
+    runs = list(per_run)
+    classes = sorted({c for v in per_run.values() for c in v})
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(classes) * len(runs)), 3.8))
+    width = 0.8 / max(1, len(runs))
+    for k, run in enumerate(runs):
+        data = [list(per_run[run].get(c, [])) or [np.nan] for c in classes]
+        pos = np.arange(len(classes)) + k * width - 0.4 + width / 2
+        bp = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True, showmeans=True)
+        colour = plt.rcParams["axes.prop_cycle"].by_key()["color"][k % 10]
+        for box in bp["boxes"]:
+            box.set_facecolor(colour)
+            box.set_alpha(0.6)
+        ax.plot([], [], color=colour, lw=6, alpha=0.6, label=run)
+    ax.set_xticks(np.arange(len(classes)), classes)
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("Dice per case")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    _save(fig, path)
+
+
+def training_curves(
+    path: Path, title: str, logs: Mapping[str, list[dict[str, Any]]], val_metric: str
+) -> None:
+    """Training loss and the validation metric against step, one line a run."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for run, lines in logs.items():
+        tr = [r for r in lines if "loss" in r]
+        va = [r for r in lines if r.get("split") == "val" and r.get(val_metric) is not None]
+        a.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=run)
+        b.plot([r["step"] for r in va], [r[val_metric] for r in va], marker="o", label=run)
+    a.set_xlabel("step")
+    a.set_ylabel("training loss")
+    a.set_yscale("log")
+    b.set_xlabel("step")
+    b.set_ylabel(f"validation {val_metric}")
+    for ax in (a, b):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def throughput(path: Path, rows: list[tuple[str, str, float, float]]) -> None:
+    """Per run: training throughput (items/s, with its unit) and the data-stall fraction."""
+    plt = _plt()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.8))
+    names = [r[0] for r in rows]
+    y = np.arange(len(rows))
+    a.barh(y, [r[2] for r in rows], color="tab:blue")
+    a.set_yticks(y, [f"{r[0]} ({r[1]})" for r in rows], fontsize=8)
+    a.set_xlabel("training throughput (items/s; unit in brackets)")
+    a.set_xscale("log")
+    b.barh(y, [100 * r[3] for r in rows], color="tab:red")
+    b.set_yticks(y, names, fontsize=8)
+    b.set_xlabel("time waiting for data (% of step time)")
+    b.set_xlim(0, 100)
+    for ax in (a, b):
+        ax.grid(alpha=0.3, axis="x", which="both")
+        ax.invert_yaxis()
+    _save(fig, path)
+
+
+def read_benchmarks(root: str | os.PathLike) -> list[dict[str, Any]]:
+    """Snakemake benchmark files under `root` (root/<rule>/.../<job>.tsv): rule, job, s, max_rss."""
+    out = []
+    root = Path(root)
+    for tsv in sorted(root.rglob("*.tsv")):
+        rel = tsv.relative_to(root)
+        with open(tsv) as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+        for r in rows[-1:]:  # the last repeat, if a rule was benchmarked several times
+            out.append(
+                {
+                    "rule": rel.parts[0],
+                    "job": str(rel.with_suffix("")),
+                    "s": float(r["s"]),
+                    "max_rss_mb": _float(r.get("max_rss")),
+                }
+            )
+    return out
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def pipeline_cost(path: Path, bench: list[dict[str, Any]]) -> None:
+    """Wall time summed over each rule's jobs, and the largest peak memory of a job of it."""
+    plt = _plt()
+    time, mem, jobs = defaultdict(float), defaultdict(float), defaultdict(int)
+    for b in bench:
+        time[b["rule"]] += b["s"]
+        jobs[b["rule"]] += 1
+        if np.isfinite(b["max_rss_mb"]):
+            mem[b["rule"]] = max(mem[b["rule"]], b["max_rss_mb"])
+    rules = sorted(time, key=lambda r: -time[r])
+    y = np.arange(len(rules))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.4 * len(rules) + 1.8))
+    a.barh(y, [time[r] for r in rules], color="tab:blue")
+    a.set_yticks(y, [f"{r} ×{jobs[r]}" for r in rules], fontsize=8)
+    a.set_xlabel("wall time, all jobs of the rule (s)")
+    b.barh(y, [mem.get(r, 0) for r in rules], color="tab:green")
+    b.set_yticks(y, rules, fontsize=8)
+    b.set_xlabel("peak memory of one job (MB RSS)")
+    for ax in (a, b):
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3, axis="x")
+    _save(fig, path)

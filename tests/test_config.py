@@ -74,8 +74,8 @@ def test_missing_source_path_is_reported(demo_config, tmp_path):
 def test_sweep_becomes_one_run_per_value(demo_config):
     runs = expand_runs(demo_config)
     jets = sorted(r for r, v in runs.items() if v.domain == "jets")
-    assert jets == ["pfn_lr-0.0005", "pfn_lr-0.003"]
-    assert {runs[r].config["train"]["lr"] for r in jets} == {0.0005, 0.003}
+    assert jets == ["part", "particlenet", "pfn_lr-0.001", "pfn_lr-0.003"]
+    assert {runs[r].config["train"]["lr"] for r in jets if r.startswith("pfn")} == {0.001, 0.003}
     assert runs["unet"].params == {}
     # the experiment's own values stay unchanged by the sweep
     assert demo_config["experiments"]["pfn"]["train"]["lr"] == 0.002

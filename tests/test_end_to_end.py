@@ -39,24 +39,25 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     r = run_snakemake(workflow_dir, "--cores", "2", "--configfile", str(tiny))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
-    for run in ("pfn_lr-0.0005", "pfn_lr-0.003", "unet"):
+    for run in ("pfn_lr-0.001", "pfn_lr-0.003", "particlenet", "part", "unet"):
         assert f"| {run}" in summary
     rows = list(csv.DictReader(open(workflow_dir / "results" / "summary" / "metrics.csv")))
     val = {(r["run"], r["metric"]): float(r["value"]) for r in rows if r["split"] == "test"}
     assert val[("pfn_lr-0.003", "auc_macro")] > 0.75
     assert val[("unet", "dice_organ")] > 0.3
-    for run in ("pfn_lr-0.0005", "pfn_lr-0.003"):
+    for run in ("pfn_lr-0.001", "pfn_lr-0.003", "particlenet", "part"):
         m = json.loads(
             (
                 workflow_dir / "results" / "toy_jets" / "runs" / run / "eval" / "metrics.json"
             ).read_text()
         )
         assert val[(run, "auc_macro")] == m["auc_macro"]
+        assert 0.5 < m["baseline_jet_mass"]["auc_macro"] < 1
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
     assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png"} <= figures
     # every rule left a log and a benchmark
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 13
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 13
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 17
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 17
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 

@@ -126,8 +126,10 @@ def test_two_process_ddp_through_torchrun(shards, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "--nproc-per-node=2" in r.stderr
-    ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=False)
+    ck = torch.load(tmp_path / "checkpoints" / "last.pt", weights_only=True)
     assert ck["world_size"] == 2 and len(ck["rng"]) == 2
+    digests = torch.load(tmp_path / "model.pt", weights_only=True)["rank_param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]  # replicas identical after training
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r] == [
         5,
         10,
@@ -149,3 +151,96 @@ def test_checkpoint_of_another_configuration_is_not_resumed(shards, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     steps = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     assert steps == [5, 10, 15, 20]
+
+
+def _train_cmd(shards, out, cfg):
+    return [
+        str(BIN / "voxjet"),
+        "train-jets",
+        "--shards",
+        str(shards),
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(out),
+    ]
+
+
+def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(shards, tmp_path):
+    """A real SIGKILL (no chance to checkpoint): the rerun continues from the last periodic
+    checkpoint and ends where a run that was never interrupted ends."""
+    import time
+
+    cfg = {"model": MODEL, "train": _settings(steps=150, checkpoint_every=10, eval_every=50)}
+    env = snakemake_env()
+    ref = subprocess.run(
+        _train_cmd(shards, tmp_path / "ref", cfg), env=env, capture_output=True, timeout=600
+    )
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    proc = subprocess.Popen(
+        _train_cmd(shards, tmp_path / "run", cfg),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.kill()
+    assert proc.wait() == -signal.SIGKILL, "training finished before it could be killed"
+    assert not (tmp_path / "run" / "model.pt").exists()
+    done = subprocess.run(
+        _train_cmd(shards, tmp_path / "run", cfg),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and "resumed from" in done.stderr
+    a = torch.load(tmp_path / "ref" / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    la = read_metrics(tmp_path / "ref" / "metrics.jsonl")
+    lb = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in la] == [r["step"] for r in lb]
+    assert [r["loss"] for r in la if "loss" in r][-5:] == [r["loss"] for r in lb if "loss" in r][
+        -5:
+    ]
+
+
+class _NanAt(_SignalAt):
+    def loss(self, model, batch, device):
+        self.n += 1
+        loss, n = self.task.loss(model, batch, device)
+        return (loss * float("nan") if self.n == self.at else loss), n
+
+
+def test_nan_loss_stops_naming_step_and_batch_source(shards, tmp_path):
+    from voxjet.errors import VoxjetError
+
+    s = TrainSettings(**_settings(steps=20))
+    with pytest.raises(VoxjetError, match=r"non-finite loss .* at step 3 .*train_0000\.h5"):
+        train(_NanAt(JetTask(shards, MODEL, s), at=3), s, tmp_path, init_runtime(False))
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_evaluation_refuses_foreign_or_broken_checkpoints(shards, tmp_path):
+    from voxjet.errors import VoxjetError
+    from voxjet.jets.evaluate import evaluate
+
+    run(str(shards), {"model": MODEL, "train": _settings(steps=10)}, str(tmp_path / "ok"))
+    saved = torch.load(tmp_path / "ok" / "model.pt", weights_only=True)
+    saved["model_config"]["classes"] = ["QCD", "Zqq"]
+    torch.save(saved, tmp_path / "other.pt")
+    with pytest.raises(VoxjetError, match=r"other\.pt: trained for classes \['QCD', 'Zqq'\]"):
+        evaluate(str(shards), str(tmp_path / "other.pt"), str(tmp_path / "e1"))
+    saved = torch.load(tmp_path / "ok" / "model.pt", weights_only=True)
+    saved["model_config"]["phi_sizes"] = [8, 8]
+    torch.save(saved, tmp_path / "arch.pt")
+    with pytest.raises(VoxjetError, match=r"arch\.pt: weights do not fit"):
+        evaluate(str(shards), str(tmp_path / "arch.pt"), str(tmp_path / "e2"))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(VoxjetError, match=r"junk\.pt: not a readable voxjet checkpoint"):
+        evaluate(str(shards), str(tmp_path / "junk.pt"), str(tmp_path / "e3"))
+    assert not (tmp_path / "e1" / "metrics.json").exists()

@@ -44,7 +44,7 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir):
     assert r.returncode == 0, r.stderr + r.stdout
     blocks = r.stdout.split("\nrule ")
     train = [b for b in blocks if b.startswith("train_")]
-    assert len(train) == 3
+    assert len(train) == 5
     for b in train:
         assert "gpu=1" in b and "slurm_partition=gpu" in b and "torchrun" not in b
         assert "voxjet launch --gpus 1" in b

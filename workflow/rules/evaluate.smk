@@ -15,6 +15,13 @@ rule evaluate_jets:
             subcategory="{dataset}",
             labels={"run": "{run}", "figure": "ROC"},
         ),
+        confusion=report(
+            "results/{dataset}/runs/{run}/eval/confusion.png",
+            caption="../report/confusion.rst",
+            category="jets",
+            subcategory="{dataset}",
+            labels={"run": "{run}", "figure": "confusion matrix"},
+        ),
     params:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 
 # SLURM sends SIGUSR1 (with --signal) or SIGTERM before a time limit or preemption. Exiting with
@@ -21,9 +22,17 @@ PREEMPTED_EXIT_CODE = 124
 
 def rng_state() -> dict[str, Any]:
     """Every random generator's state, so a resumed run draws the same numbers."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    # Plain numbers and tensors only, so checkpoints load with torch.load(weights_only=True).
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": name,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -34,7 +43,10 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what rng_state() captured."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -51,7 +63,35 @@ def load(path: str | os.PathLike) -> dict[str, Any] | None:
     path = Path(path)
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_file(path)
+
+
+def load_file(path: str | os.PathLike) -> dict[str, Any]:
+    """torch.load with weights_only=True (no arbitrary code from a file), clear errors."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise VoxjetError(
+            f"{path}: not a readable voxjet checkpoint ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}); delete it to start afresh"
+        ) from e
+    if not isinstance(state, dict) or "model" not in state:
+        raise VoxjetError(f"{path}: not a voxjet checkpoint (no model state); delete it")
+    return state
+
+
+def load_weights(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], path: str | os.PathLike, what: str
+) -> None:
+    """Load a state dict, refusing one of another architecture with a message that says so."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()
+        raise VoxjetError(
+            f"{path}: weights do not fit {what} ({' '.join(first[:2])[:300]}); "
+            "it was written by another model or configuration"
+        ) from e
 
 
 class PreemptionFlag:

@@ -8,7 +8,10 @@ import h5py
 import numpy as np
 import torch
 
+from voxjet.distributed import checkpoint
+from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.jets.baseline import fit_mass_histograms, mass_probabilities
 from voxjet.jets.dataset import load_index, load_split
 from voxjet.jets.metrics import jet_metrics, roc_curve
 from voxjet.jets.models import build_model
@@ -17,10 +20,10 @@ from voxjet.jets.train import predict
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained jet model from model.pt."""
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    saved = checkpoint.load_file(model_path)
     cfg = {k: v for k, v in saved["model_config"].items() if k != "classes"}
     model = build_model(**cfg)
-    model.load_state_dict(saved["model"])
+    checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
 
 
@@ -55,14 +58,74 @@ def _plot_roc(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[s
     plt.close(fig)
 
 
+def _plot_confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(classes)
+    cm = np.zeros((n, n))
+    np.add.at(cm, (labels, probs.argmax(1)), 1)
+    cm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(1.1 * n + 2, 1.0 * n + 1.5))
+    im = ax.imshow(cm, cmap="Blues", vmin=0, vmax=1)
+    for i in range(n):
+        for j in range(n):
+            ax.text(
+                j,
+                i,
+                f"{cm[i, j]:.2f}",
+                ha="center",
+                va="center",
+                color="white" if cm[i, j] > 0.5 else "black",
+                fontsize=8,
+            )
+    ax.set_xticks(range(n), classes)
+    ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    fig.colorbar(im, ax=ax, label="fraction of the true class")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str) -> None:
+    cfg = saved["model_config"]
+    if list(cfg["classes"]) != list(index["classes"]) or cfg["n_features"] != len(
+        index["particle_features"]
+    ):
+        raise VoxjetError(
+            f"{model_path}: trained for classes {cfg['classes']} with {cfg['n_features']} particle "
+            f"features, but {shard_dir} has {index['classes']} with "
+            f"{len(index['particle_features'])}; retrain on these shards"
+        )
+
+
+def mass_baseline(shard_dir: str, index: dict, test) -> np.ndarray | None:
+    """Class probabilities of the jet-mass-only reference on `test` (None without jet_sdmass)."""
+    if "jet_sdmass" not in index["jet_features"]:
+        return None
+    col = index["jet_features"].index("jet_sdmass")
+    train = load_split(shard_dir, "train")
+    edges, table = fit_mass_histograms(
+        train.jets[:, col].numpy(), train.labels.numpy(), len(index["classes"])
+    )
+    return mass_probabilities(test.jets[:, col].numpy(), edges, table)
+
+
 def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
-    """Score the test split with a trained model; write metrics.json, predictions.h5, roc.png."""
+    """Score the test split (and the jet-mass reference); write metrics.json, predictions.h5,
+    roc.png and confusion.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index = load_index(shard_dir)
     classes = index["classes"]
     data = load_split(shard_dir, "test")
     model, saved = load_trained(model_path)
+    _check_compatible(saved, index, model_path, shard_dir)
     probs = predict(model, data, torch.device("cpu"))
     labels = data.labels.numpy()
     metrics = jet_metrics(probs, labels, classes)
@@ -73,6 +136,11 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
         f["probs"] = probs.astype(np.float32)
         f["labels"] = labels
         f.attrs["classes"] = classes
+    base = mass_baseline(shard_dir, index, data)
+    if base is not None:
+        bm = jet_metrics(base, labels, classes)
+        metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
     _plot_roc(out / "roc.png", probs, labels, classes)
+    _plot_confusion(out / "confusion.png", probs, labels, classes)
     write_json(out / "metrics.json", metrics)
     return metrics

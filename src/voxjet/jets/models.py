@@ -41,6 +41,7 @@ class PFN(nn.Module):
         phi_sizes: tuple[int, ...] = (128, 128, 128),
         f_sizes: tuple[int, ...] = (128, 128),
         dropout: float = 0.0,
+        feature_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.norm = Standardize(particle_mean, particle_std)
@@ -54,11 +55,12 @@ class PFN(nn.Module):
         return self.f(h.sum(dim=1))
 
 
-MODELS = {"pfn": PFN}
-
-
 def build_model(name: str, **kwargs) -> nn.Module:
-    """A jet model by its config name."""
-    if name not in MODELS:
-        raise ValueError(f"unknown jet model {name!r}; known: {sorted(MODELS)}")
-    return MODELS[name](**kwargs)
+    """A jet model by its config name: pfn, particlenet or part."""
+    from voxjet.jets.part import ParT
+    from voxjet.jets.particlenet import ParticleNet
+
+    models = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT}
+    if name not in models:
+        raise ValueError(f"unknown jet model {name!r}; known: {sorted(models)}")
+    return models[name](**kwargs)

@@ -42,6 +42,7 @@ class JetTask:
             "n_classes": len(self.index["classes"]),
             "particle_mean": self.index["particle_mean"],
             "particle_std": self.index["particle_std"],
+            "feature_names": self.index["particle_features"],
             **model_cfg,
         }
         self.s = s
@@ -62,7 +63,15 @@ class JetTask:
             rt.rank,
             rt.world_size,
         ):
-            yield self.train_data.take(idx)
+            yield {**self.train_data.take(idx), "index": idx}
+
+    def describe(self, batch) -> str:
+        """Which shards and rows a batch came from (for error messages)."""
+        shards = self.index["splits"]["train"]["shards"]
+        ends = np.cumsum([sh["jets"] for sh in shards])
+        rows = np.sort(np.asarray(batch["index"]))
+        where = sorted({shards[int(np.searchsorted(ends, r, side="right"))]["file"] for r in rows})
+        return f"train-split rows {rows[:5].tolist()}... in shards {where}"
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         logits = model(batch["particles"].to(device), batch["mask"].to(device))
@@ -79,9 +88,6 @@ def run(shard_dir: str, run_config: dict[str, Any], out_dir: str) -> dict[str, A
     rt = init_runtime()
     s = TrainSettings(**run_config.get("train", {}))
     model_cfg = dict(run_config.get("model", {}))
-    for key in ("phi_sizes", "f_sizes"):
-        if key in model_cfg:
-            model_cfg[key] = tuple(model_cfg[key])
     try:
         return train(JetTask(shard_dir, model_cfg, s), s, out_dir, rt, rate_key="jets_per_s")
     finally:

@@ -15,7 +15,10 @@ from voxjet.io.atomic import atomic_path
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
-COLUMNS = {"jets": ["auc_macro", "accuracy", "rej50_mean"], "volumes": ["dice_mean", "hd95_mean"]}
+COLUMNS = {
+    "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro"],
+    "volumes": ["dice_mean", "hd95_mean"],
+}
 CSV_FIELDS = ["dataset", "domain", "experiment", "run", "params", "split", "metric", "value"]
 
 
@@ -45,6 +48,8 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
     for c, d in metrics.get("vs_QCD", {}).items():
         for m, v in d.items():
             flat[f"{m}_{c}_vs_QCD"] = _num(v)
+    for k, v in metrics.get("baseline_jet_mass", {}).items():
+        flat[f"baseline_jet_mass_{k}"] = _num(v)
     for c, d in metrics.get("per_class", {}).items():
         for m in ("dice", "hd95"):
             flat[f"{m}_{c}"] = _num(d.get(m))

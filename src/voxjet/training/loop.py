@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from voxjet.distributed import checkpoint
 from voxjet.distributed.runtime import Runtime
+from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 from voxjet.training.logger import MetricsLog, StepTimer
 from voxjet.training.schedule import multiplier
@@ -64,11 +65,22 @@ class Task(Protocol):
     def model_config(self) -> dict[str, Any]:
         """What evaluation needs to rebuild the model."""
 
+    def describe(self, batch: Any) -> str:
+        """Where a batch's items came from, for error messages."""
+
 
 def run_fingerprint(s: TrainSettings, model_config: dict[str, Any], world_size: int) -> str:
     """What a checkpoint must match to be resumed: settings, model/data config, world size."""
     blob = json.dumps([asdict(s), model_config, world_size], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def param_digest(model: nn.Module) -> str:
+    """A short hash of every parameter's bytes."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _optimizer(params, s: TrainSettings, lr: float) -> torch.optim.Optimizer:
@@ -180,6 +192,12 @@ def train(
                 ddp.train()
                 with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():
                     loss, n = task.loss(ddp, batch, rt.device)
+                if not torch.isfinite(loss.detach()):
+                    raise VoxjetError(
+                        f"non-finite loss ({float(loss.detach())}) at step {step + 1} (epoch {epoch}, "
+                        f"batch {pos}) from {task.describe(batch)}; lower train.lr or check "
+                        "these inputs for NaN/inf"
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if s.grad_clip > 0:
@@ -236,6 +254,11 @@ def train(
     finally:
         bar.close()
         preempt.restore()
+    # DDP keeps replicas identical; record each rank's parameter digest so that is checkable.
+    digests = [param_digest(model)]
+    if rt.distributed:
+        digests = [None] * rt.world_size
+        dist.all_gather_object(digests, param_digest(model))
     if rt.is_main:
         best_state = checkpoint.load(best_path) or {"model": model.state_dict(), "step": step}
         with atomic_path(run_dir / "model.pt") as tmp:
@@ -247,6 +270,7 @@ def train(
                     "model_config": task.model_config(),
                     "settings": asdict(s),
                     "world_size": rt.world_size,
+                    "rank_param_digests": digests,
                 },
                 tmp,
             )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from voxjet.distributed import checkpoint
 from voxjet.io.atomic import atomic_path, read_json, write_json
 from voxjet.volumes.inference import load_case, predict_case, seg_metrics
 from voxjet.volumes.models import build_unet
@@ -16,9 +17,9 @@ from voxjet.volumes.patches import CaseStore
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained segmentation model from model.pt."""
-    saved = torch.load(model_path, map_location="cpu", weights_only=False)
+    saved = checkpoint.load_file(model_path)
     model = build_unet(**saved["model_config"])
-    model.load_state_dict(saved["model"])
+    checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
 
 

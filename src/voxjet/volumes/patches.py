@@ -94,14 +94,17 @@ class PatchSampler:
     def batch(self, rank: int, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """The batch at this position: a pure function of it."""
         rng = np.random.default_rng([self.seed, rank, epoch, index])
-        imgs, lbls = [], []
+        imgs, lbls, source = [], [], []
         for i in range(self.batch_size):
-            f = self.store.file(self.store.case_ids[rng.integers(len(self.store.case_ids))])
+            case = self.store.case_ids[rng.integers(len(self.store.case_ids))]
+            f = self.store.file(case)
             centre = draw_centre(rng, f, self.patch, i >= self.batch_size - self.n_fg)
+            source.append(f"{case}.h5@{centre.tolist()}")
             img, lbl = read_patch(f, centre, self.patch)
             imgs.append(img)
             lbls.append(lbl)
         return {
             "image": torch.from_numpy(np.stack(imgs)),
             "label": torch.from_numpy(np.stack(lbls)[:, None].astype(np.int64)),
+            "source": source,
         }

@@ -54,6 +54,10 @@ class SegTask:
         for i in range(start, self.iterations):
             yield self.sampler.batch(rt.rank, epoch, i)
 
+    def describe(self, batch) -> str:
+        """Which cases and patch centres a batch came from (for error messages)."""
+        return "patches " + ", ".join(batch["source"])
+
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         out = model(batch["image"].to(device))
         return self.loss_fn(out.float(), batch["label"].to(device)), len(batch["image"])

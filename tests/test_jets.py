@@ -253,3 +253,11 @@ def test_mass_baseline_separates_by_mass():
     probs = mass_probabilities(np.array([40.0, 90.0, 170.0, 500.0]), edges, table)
     assert probs[:3].argmax(1).tolist() == [0, 1, 2]
     np.testing.assert_allclose(probs.sum(1), 1)
+
+
+def test_models_name_missing_geometry_features():
+    from voxjet.jets.models import build_model
+
+    with pytest.raises(VoxjetError, match=r"'part' needs particle features \['part_pt_log'\]"):
+        build_model("part", n_features=2, n_classes=2, particle_mean=[0, 0], particle_std=[1, 1],
+                    feature_names=["part_deta", "part_dphi"])

@@ -16,6 +16,19 @@ def _mlp(sizes: list[int], final_act: bool = True) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def feature_indices(feature_names: list[str], needed: tuple[str, ...], model: str) -> list[int]:
+    """Positions of the features a model computes geometry from; a clear error if absent."""
+    from voxjet.errors import VoxjetError
+
+    missing = [n for n in needed if n not in feature_names]
+    if missing:
+        raise VoxjetError(
+            f"model {model!r} needs particle features {missing}: add them to the "
+            "dataset's jets.particle_features"
+        )
+    return [feature_names.index(n) for n in needed]
+
+
 class Standardize(nn.Module):
     """(x - mean) / std with statistics stored as buffers."""
 

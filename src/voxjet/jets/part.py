@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxjet.jets.models import Standardize
+from voxjet.jets.models import Standardize, feature_indices
 
 _EPS = 1e-8
 
@@ -66,7 +66,7 @@ class ParT(nn.Module):
     ) -> None:
         super().__init__()
         self.norm = Standardize(particle_mean, particle_std)
-        self.idx = [feature_names.index(n) for n in ("part_deta", "part_dphi", "part_pt_log")]
+        self.idx = feature_indices(feature_names, ("part_deta", "part_dphi", "part_pt_log"), "part")
         self.heads = heads
         self.embed = nn.Sequential(
             nn.LayerNorm(n_features), nn.Linear(n_features, dim), nn.GELU(), nn.Linear(dim, dim)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxjet.jets.models import Standardize
+from voxjet.jets.models import Standardize, feature_indices
 
 _FAR = 1e9  # padded particles are moved this far away so kNN never picks them
 
@@ -73,7 +73,7 @@ class ParticleNet(nn.Module):
     ) -> None:
         super().__init__()
         self.norm = Standardize(particle_mean, particle_std)
-        self.coords = [feature_names.index("part_deta"), feature_names.index("part_dphi")]
+        self.coords = feature_indices(feature_names, ("part_deta", "part_dphi"), "particlenet")
         self.input_bn = nn.BatchNorm1d(n_features)
         blocks, c = [], n_features
         for ch in conv_channels:

@@ -174,6 +174,22 @@ def train(
                 },
             )
 
+    def validate() -> None:
+        nonlocal best
+        if rt.is_main:
+            metrics = task.validate(model, rt.device)
+            log.write({"step": step, "split": "val", **metrics})
+            if metrics["score"] > best:
+                best = metrics["score"]
+                checkpoint.save(
+                    best_path, {"model": model.state_dict(), "step": step, "score": best}
+                )
+        if rt.distributed:
+            best_t = [best]
+            dist.broadcast_object_list(best_t, src=0)
+            best = best_t[0]
+        timer.reset()
+
     preempt = checkpoint.PreemptionFlag()
     timer = StepTimer()
     bar = tqdm(
@@ -194,9 +210,9 @@ def train(
                     loss, n = task.loss(ddp, batch, rt.device)
                 if not torch.isfinite(loss.detach()):
                     raise VoxjetError(
-                        f"non-finite loss ({float(loss.detach())}) at step {step + 1} (epoch {epoch}, "
-                        f"batch {pos}) from {task.describe(batch)}; lower train.lr or check "
-                        "these inputs for NaN/inf"
+                        f"non-finite loss ({float(loss.detach())}) at step {step + 1} "
+                        f"(epoch {epoch}, batch {pos}) from {task.describe(batch)}; lower "
+                        "train.lr or check these inputs for NaN/inf"
                     )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -222,20 +238,7 @@ def train(
                     running, count = 0.0, 0
                     timer.reset()
                 if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-                    if rt.is_main:
-                        metrics = task.validate(model, rt.device)
-                        log.write({"step": step, "split": "val", **metrics})
-                        if metrics["score"] > best:
-                            best = metrics["score"]
-                            checkpoint.save(
-                                best_path,
-                                {"model": model.state_dict(), "step": step, "score": best},
-                            )
-                    if rt.distributed:
-                        best_t = [best]
-                        dist.broadcast_object_list(best_t, src=0)
-                        best = best_t[0]
-                    timer.reset()
+                    validate()
                 if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.steps:
                     save_last()
                 if _any_rank(preempt.raised, rt):
@@ -250,7 +253,12 @@ def train(
                 if step >= s.steps:
                     break
             else:
+                # End of an epoch: validate here when no step interval is set, and always
+                # checkpoint, so the position saved is the next epoch's start.
                 epoch, pos = epoch + 1, 0
+                if not s.eval_every:
+                    validate()
+                save_last()
     finally:
         bar.close()
         preempt.restore()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,10 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
+        reason = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()[0][:160]
         raise VoxjetError(
-            f"{path}: not a readable voxjet checkpoint ({type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200]}); delete it to start afresh"
+            f"{path}: not a readable voxjet checkpoint ({type(e).__name__}: {reason}); it may be "
+            "corrupt or from an older voxjet: delete it to start that run afresh"
         ) from e
     if not isinstance(state, dict) or "model" not in state:
         raise VoxjetError(f"{path}: not a voxjet checkpoint (no model state); delete it")

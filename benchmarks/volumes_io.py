@@ -1,0 +1,140 @@
+"""Volume I/O, measured side by side in one run on the same synthetic CT cases:
+
+1. patches/s of the voxjet patch loader (preprocessed HDF5 case files) ÷ a MONAI baseline
+   (LoadImaged from .nii.gz, EnsureChannelFirstd, RandCropByPosNegLabeld, DataLoader);
+   same patch size, batch size and workers. Target >= 10.
+2. preprocessing throughput (RAS, crop, resample, normalise, write) ÷ nibabel loading the same
+   files alone. Target >= 0.3.
+3. a random patch read from a case file ÷ the same read from an uncompressed memory-mapped
+   .npy of the same array. Target >= 0.5.
+
+    .venv/bin/python benchmarks/volumes_io.py [--cases 6] [--shape 192 192 96] [--patch 96 96 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+
+
+def bench_loader(cases_dir: Path, msd: Path, case_ids: list[str], patch: list[int], batch: int,
+                 n: int) -> tuple[float, float]:
+    """(voxjet patches/s, MONAI patches/s)."""
+    from monai.data import DataLoader, Dataset
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
+
+    from voxjet.volumes.patches import CaseStore, PatchSampler
+
+    store = CaseStore(cases_dir, case_ids)
+    sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0)
+    sampler.batch(0, 0, 0)
+    t = time.perf_counter()
+    for i in range(n):
+        sampler.batch(0, 0, i + 1)
+    ours = n * batch / (time.perf_counter() - t)
+    store.close()
+
+    files = [{"image": str(msd / "imagesTr" / f"{c}.nii.gz"),
+              "label": str(msd / "labelsTr" / f"{c}.nii.gz")} for c in case_ids]
+    tf = Compose([LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"]),
+                  RandCropByPosNegLabeld(keys=["image", "label"], label_key="label",
+                                         spatial_size=patch, pos=1, neg=2, num_samples=1)])
+    loader = DataLoader(Dataset(files * (n * batch // len(files) + 1), tf), batch_size=batch,
+                        num_workers=0)
+    it = iter(loader)
+    next(it)
+    t = time.perf_counter()
+    for _ in range(n):
+        next(it)
+    monai = n * batch / (time.perf_counter() - t)
+    return ours, monai
+
+
+def bench_preprocess(msd: Path, out: Path) -> tuple[float, float]:
+    """(seconds to preprocess every case, seconds for nibabel to load them)."""
+    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.preprocess import VolumePrepConfig, fingerprint, make_plan, preprocess_case
+
+    ds = load_dataset(msd)
+    cfg = VolumePrepConfig()
+    fp = fingerprint(ds, [c.case_id for c in ds.cases], cfg)
+    plan = make_plan(fp, cfg)
+    t = time.perf_counter()
+    for c in ds.cases:
+        np.asarray(nib.load(ds.path(c.image)).dataobj)
+        np.asarray(nib.load(ds.path(c.label)).dataobj)
+    load = time.perf_counter() - t
+    out.mkdir()
+    t = time.perf_counter()
+    for c in ds.cases:
+        preprocess_case(ds, c, plan, fp, out / f"{c.case_id}.h5", cfg)
+    return time.perf_counter() - t, load
+
+
+def bench_patch_read(case_file: Path, tmp: Path, patch: list[int], n: int) -> tuple[float, float]:
+    """(seconds a random patch from the case file, seconds from a memory-mapped .npy)."""
+    from voxjet.volumes.patches import read_patch
+
+    rng = np.random.default_rng(0)
+    p = np.array(patch)
+    with h5py.File(case_file) as f:
+        np.save(tmp / "image.npy", f["image"][...])
+        shape = np.array(f["label"].shape)
+        centres = [rng.integers(p // 2, np.maximum(shape - p // 2, p // 2 + 1)) for _ in range(n)]
+        read_patch(f, centres[0], p)
+        t = time.perf_counter()
+        for c in centres:
+            read_patch(f, c, p)
+        h5 = (time.perf_counter() - t) / n
+    mm = np.load(tmp / "image.npy", mmap_mode="r")
+    t = time.perf_counter()
+    for c in centres:
+        lo = np.maximum(c - p // 2, 0)
+        np.array(mm[:, lo[0]:lo[0] + p[0], lo[1]:lo[1] + p[1], lo[2]:lo[2] + p[2]])
+    return h5, (time.perf_counter() - t) / n
+
+
+def main() -> None:
+    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cases", type=int, default=6)
+    ap.add_argument("--shape", type=int, nargs=3, default=[192, 192, 96])
+    ap.add_argument("--patch", type=int, nargs=3, default=[96, 96, 48])
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batches", type=int, default=20)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        cfg = ToyVolumesConfig(train_cases=a.cases, test_cases=0, min_shape=tuple(a.shape),
+                               max_shape=tuple(a.shape))
+        msd = generate_dataset(d / "msd", cfg, progress=False)
+        prep, load = bench_preprocess(msd, d / "cases")
+        ids = [c["image"].split("/")[-1][:-7] for c in
+               json.loads((msd / "dataset.json").read_text())["training"]]
+        (d / "cases" / "plan.json").write_text("{}")
+        ours, monai = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches)
+        h5, npy = bench_patch_read(d / "cases" / f"{ids[0]}.h5", d, a.patch, 50)
+    rows = [
+        ("loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)",
+         ours / monai, 10, f"{ours:.1f} vs {monai:.1f} patches/s"),
+        ("preprocessing ÷ nibabel load alone (throughput)", load / prep, 0.3,
+         f"{prep:.2f} s vs {load:.2f} s for {a.cases} cases"),
+        ("random patch read: case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,
+         f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms"),
+    ]
+    print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}")
+    for name, ratio, target, detail in rows:
+        print(f"{name:<72} {ratio:7.2f} (target >= {target}) "
+              f"{'PASS' if ratio >= target else 'FAIL'}  [{detail}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -259,5 +259,11 @@ def test_models_name_missing_geometry_features():
     from voxjet.jets.models import build_model
 
     with pytest.raises(VoxjetError, match=r"'part' needs particle features \['part_pt_log'\]"):
-        build_model("part", n_features=2, n_classes=2, particle_mean=[0, 0], particle_std=[1, 1],
-                    feature_names=["part_deta", "part_dphi"])
+        build_model(
+            "part",
+            n_features=2,
+            n_classes=2,
+            particle_mean=[0, 0],
+            particle_std=[1, 1],
+            feature_names=["part_deta", "part_dphi"],
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import h5py
 import nibabel as nib
@@ -249,3 +250,143 @@ def test_segmentation_trains_and_evaluates(cases, tmp_path):
     assert (tmp_path / "eval" / "overlays.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert saved["per_case"].keys() == m["per_case"].keys()
+
+
+def _msd(root, cases, labels=None, modality="CT"):
+    """Write an MSD dataset of (image array, label array, affine) cases."""
+    for sub in ("imagesTr", "labelsTr"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    training = []
+    for i, (img, lbl, aff) in enumerate(cases):
+        name = f"c_{i:03d}.nii.gz"
+        nib.save(nib.Nifti1Image(img, aff), root / "imagesTr" / name)
+        nib.save(nib.Nifti1Image(lbl, aff), root / "labelsTr" / name)
+        training.append({"image": f"./imagesTr/{name}", "label": f"./labelsTr/{name}"})
+    (root / "dataset.json").write_text(
+        json.dumps(
+            {
+                "modality": {"0": modality},
+                "labels": labels or {"0": "bg", "1": "organ"},
+                "training": training,
+            }
+        )
+    )
+    return root
+
+
+def _blob_case(shape=(40, 36, 14), zooms=(0.9, 0.9, 2.5), flip=(True, False, True), seed=0):
+    rng = np.random.default_rng(seed)
+    grid = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1)
+    centre = np.array(shape) / 2 + rng.uniform(-2, 2, 3)
+    lbl = ((((grid - centre) * zooms) ** 2).sum(-1) < 8.0**2).astype(np.uint8)
+    img = (rng.normal(0, 10, shape) + 80 * lbl - 500 * (lbl == 0)).astype(np.int16)
+    aff = np.diag([*(np.array(zooms) * np.where(flip, -1, 1)), 1.0])
+    return img, lbl, aff
+
+
+def _manifest(tmp_path, root):
+    m = tmp_path / "manifest.json"
+    m.write_text(json.dumps({"root": str(root)}))
+    return m
+
+
+@pytest.mark.parametrize(
+    "problem,match",
+    [
+        ("nan", r"c_001\.nii\.gz: 1 NaN/inf voxels"),
+        ("2d", r"c_001\.nii\.gz: image of shape \(40, 36\)"),
+        ("5d", r"c_001\.nii\.gz: image of shape \(40, 36, 14, 1, 2\)"),
+        ("shape", r"labelsTr/c_001\.nii\.gz: shape .* differs from the image's"),
+        ("affine", r"labelsTr/c_001\.nii\.gz: affine differs"),
+        ("values", r"labelsTr/c_001\.nii\.gz: label values \[7\.0\] are not declared"),
+        ("empty", r"labelsTr/c_001\.nii\.gz: no foreground"),
+        ("notnifti", r"imagesTr/c_001\.nii\.gz: not a readable NIfTI image"),
+    ],
+)
+def test_bad_cases_fail_naming_file_and_problem_or_are_skipped(tmp_path, problem, match):
+    from voxjet.errors import VoxjetError
+
+    cases = [_blob_case(seed=i) for i in range(4)]
+    img, lbl, aff = cases[1]
+    if problem == "nan":
+        img = img.astype(np.float32)
+        img[3, 3, 3] = np.nan
+    elif problem == "2d":
+        img = img[..., 0]
+        lbl = lbl[..., 0]
+    elif problem == "5d":
+        img = np.stack([img, img], -1)[..., None, :]
+    elif problem == "shape":
+        lbl = lbl[:-2]
+    elif problem == "values":
+        lbl = lbl.copy()
+        lbl[0, 0, 0] = 7
+    elif problem == "empty":
+        lbl = np.zeros_like(lbl)
+    cases[1] = (img, lbl, aff)
+    root = _msd(tmp_path / "ds", cases)
+    if problem == "affine":
+        nib.save(nib.Nifti1Image(lbl, aff * 2), root / "labelsTr" / "c_001.nii.gz")
+    if problem == "notnifti":
+        (root / "imagesTr" / "c_001.nii.gz").write_bytes(b"this is not a NIfTI file")
+    if problem == "2d":  # the label is 2-D too: the image's dimension is what is reported
+        nib.save(
+            nib.Nifti1Image(np.zeros((40, 36, 14), np.uint8), aff),
+            root / "labelsTr" / "c_001.nii.gz",
+        )
+    cfg = VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2)
+    with pytest.raises(VoxjetError, match=match):
+        preprocess_dataset(_manifest(tmp_path, root), tmp_path / "out", cfg)
+    assert not (tmp_path / "out").exists()  # no partial output
+    cfg.on_bad_case = "skip"
+    preprocess_dataset(_manifest(tmp_path, root), tmp_path / "out", cfg)
+    skipped = json.loads((tmp_path / "out" / "skipped.json").read_text())
+    assert list(skipped) == ["c_001"]
+    assert not (tmp_path / "out" / "c_001.h5").exists() and (tmp_path / "out" / "c_000.h5").exists()
+    splits = json.loads((tmp_path / "out" / "splits.json").read_text())
+    assert "c_001" not in sum(splits.values(), [])
+
+
+def test_label_round_trip_through_plan_space_on_non_ras_anisotropic_input(tmp_path):
+    from voxjet.volumes.geometry import labels_to_original
+
+    cases = [_blob_case(seed=i, zooms=(0.8, 1.1, 3.0), flip=(True, True, False)) for i in range(3)]
+    root = _msd(tmp_path / "ds", cases)
+    assert nib.aff2axcodes(cases[0][2]) == ("L", "P", "S")
+    cfg = VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2, target_spacing=[1.0, 1.0, 1.5])
+    preprocess_dataset(_manifest(tmp_path, root), tmp_path / "out", cfg)
+    for i, (_, lbl, aff) in enumerate(cases):
+        with h5py.File(tmp_path / "out" / f"c_{i:03d}.h5") as f:
+            assert f["label"].shape != lbl.shape  # really resampled
+            back = labels_to_original(f["label"][...], f.attrs, 2)
+        assert back.shape == lbl.shape
+        inter = ((back == 1) & (lbl == 1)).sum()
+        dice = 2 * inter / ((back == 1).sum() + (lbl == 1).sum())
+        assert dice >= 0.99, dice
+
+
+def test_multichannel_images_keep_channels(tmp_path):
+    img, lbl, aff = _blob_case()
+    two = np.stack([img, -img], -1).astype(np.float32)
+    root = _msd(tmp_path / "ds", [(two, lbl, aff)] * 3, modality="MRI")
+    preprocess_dataset(
+        _manifest(tmp_path, root),
+        tmp_path / "out",
+        VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2),
+    )
+    with h5py.File(tmp_path / "out" / "c_000.h5") as f:
+        assert f["image"].shape[0] == 2
+        np.testing.assert_allclose(f["image"][0].mean(), 0, atol=1e-4)  # z-scored per channel
+
+
+def test_nibabel_shipped_nifti_files_load_and_reorient():
+    from nibabel.testing import data_path
+
+    from voxjet.volumes.geometry import from_ras, to_ras
+
+    path = Path(data_path) / "anatomical.nii"
+    img = nib.load(path)
+    data = np.asarray(img.dataobj)
+    ras = to_ras(data, img.affine)
+    assert np.array_equal(from_ras(ras, img.affine), data)
+    assert np.array_equal(ras, np.asarray(nib.as_closest_canonical(img).dataobj))

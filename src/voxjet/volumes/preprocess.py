@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,11 +18,11 @@ import h5py
 import hdf5plugin
 import nibabel as nib
 import numpy as np
-from scipy import ndimage
 from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.volumes.geometry import from_ras, plan_shape, ras_spacing, to_ras, zoom_labels, zoom_to
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
 
 FORMAT_VERSION = 1
@@ -37,74 +38,138 @@ class VolumePrepConfig:
     val_fraction: float = 0.15
     test_fraction: float = 0.2
     foreground_samples: int = 10000
+    on_bad_case: str = "fail"
     seed: int = 42
 
 
-def load_ras(path: Path, dtype=np.float32) -> tuple[np.ndarray, nib.Nifti1Image]:
-    """The array reoriented to RAS, and the original image (for its affine and header)."""
+@dataclass
+class LoadedCase:
+    """One case checked and reoriented to RAS."""
+
+    case_id: str
+    image: np.ndarray  # [C, X, Y, Z] float32
+    label: np.ndarray  # [X, Y, Z] uint8
+    affine: np.ndarray  # the original image's
+    spacing: np.ndarray  # along R, A, S
+
+
+def _load_nifti(path: Path) -> nib.Nifti1Image:
     try:
         img = nib.load(str(path))
-        ras = nib.as_closest_canonical(img)
-        return np.asarray(ras.dataobj, dtype=dtype), img
+        img.get_data_dtype()
+        return img
     except Exception as e:
         raise VoxjetError(f"{path}: not a readable NIfTI image ({e})") from e
 
 
-def _check_pair(
-    ds: MSDDataset,
-    case: Case,
-    image: nib.Nifti1Image,
-    label: nib.Nifti1Image,
-    label_arr: np.ndarray,
-) -> None:
-    if image.shape[:3] != label.shape[:3]:
+def _array(img: nib.Nifti1Image, path: Path, dtype) -> np.ndarray:
+    try:
+        return np.asarray(img.dataobj, dtype=dtype)
+    except Exception as e:
+        raise VoxjetError(f"{path}: NIfTI data cannot be read ({e}); re-stage the file") from e
+
+
+def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
+    """Load a case and check it: 3-D (or 4-D, channels last) image, a 3-D label on the same
+    grid and affine, finite intensities, declared label values, some foreground."""
+    ipath, lpath = ds.path(case.image), ds.path(case.label)
+    img, lbl = _load_nifti(ipath), _load_nifti(lpath)
+    if len(img.shape) not in (3, 4) or (len(img.shape) == 4 and img.shape[3] > 16):
         raise VoxjetError(
-            f"{ds.path(case.label)}: shape {label.shape} differs from the image's "
-            f"{image.shape}; fix or drop this case"
+            f"{ipath}: image of shape {img.shape}; expected 3-D, or 4-D with "
+            "channels last (case {case.case_id})"
         )
-    if not np.allclose(image.affine, label.affine, atol=1e-3, rtol=1e-3):
+    if len(lbl.shape) != 3:
+        raise VoxjetError(f"{lpath}: label of shape {lbl.shape}; expected a 3-D label map")
+    if img.shape[:3] != lbl.shape:
         raise VoxjetError(
-            f"{ds.path(case.label)}: affine differs from the image's; the label is "
-            "not in the image's space"
+            f"{lpath}: shape {lbl.shape} differs from the image's {img.shape[:3]}; "
+            "fix or drop this case"
         )
-    bad = sorted(set(np.unique(label_arr).astype(int).tolist()) - set(ds.labels))
+    if not np.allclose(img.affine, lbl.affine, atol=1e-3, rtol=1e-3):
+        raise VoxjetError(
+            f"{lpath}: affine differs from the image's; the label is not in the image's space"
+        )
+    data = _array(img, ipath, np.float32)
+    if not np.isfinite(data).all():
+        raise VoxjetError(
+            f"{ipath}: {int((~np.isfinite(data)).sum())} NaN/inf voxels; fix the "
+            "image or drop case " + case.case_id
+        )
+    label = _array(lbl, lpath, np.float32)
+    values = np.unique(label)
+    bad = sorted(set(values.tolist()) - set(map(float, ds.labels)))
     if bad:
         raise VoxjetError(
-            f"{ds.path(case.label)}: label values {bad} are not declared in "
-            f"dataset.json labels {sorted(ds.labels)}"
+            f"{lpath}: label values {bad} are not declared in dataset.json labels "
+            f"{sorted(ds.labels)}"
         )
+    if values.max() == 0:
+        raise VoxjetError(f"{lpath}: no foreground (every voxel is 0) in case {case.case_id}")
+    image = to_ras(data if data.ndim == 4 else data[..., None], img.affine)
+    return LoadedCase(
+        case.case_id,
+        np.moveaxis(image, -1, 0).astype(np.float32),
+        to_ras(label, img.affine).astype(np.uint8),
+        img.affine,
+        ras_spacing(img.affine),
+    )
 
 
-def _ras_spacing(img: nib.Nifti1Image) -> np.ndarray:
-    return np.array(nib.as_closest_canonical(img).header.get_zooms()[:3], float)
+def load_ras(path: Path, dtype=np.float32) -> tuple[np.ndarray, nib.Nifti1Image]:
+    """An image's array reoriented to RAS, and the original image."""
+    img = _load_nifti(path)
+    return to_ras(_array(img, path, dtype), img.affine), img
 
 
 def _crop_box(image: np.ndarray) -> list[list[int]]:
-    nz = np.argwhere(image != 0)
+    """nnU-Net's crop: the bounding box of voxels non-zero in any channel ([C, X, Y, Z])."""
+    nz = np.argwhere((image != 0).any(0))
     if len(nz) == 0:
-        return [[0, s] for s in image.shape]
+        return [[0, s] for s in image.shape[1:]]
     lo, hi = nz.min(0), nz.max(0) + 1
     return [[int(a), int(b)] for a, b in zip(lo, hi, strict=True)]
 
 
-def fingerprint(ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig) -> dict:
-    """Spacings, shapes and foreground intensity statistics over the given cases."""
+def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator) -> np.ndarray:
+    fg = lc.image[0][lc.label > 0]
+    return rng.choice(fg, size=min(len(fg), n), replace=False) if len(fg) else fg
+
+
+def inspect_cases(
+    ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig
+) -> tuple[dict[str, dict], dict[str, str]]:
+    """Load and check each case once: spacing, cropped shape and a foreground intensity sample
+    of the good ones; the bad ones fail the run, or are returned with their reason when
+    on_bad_case is 'skip'."""
     rng = np.random.default_rng(cfg.seed)
-    spacings, shapes, samples = [], [], []
     by_id = {c.case_id: c for c in ds.cases}
+    stats, skipped = {}, {}
     for cid in tqdm(case_ids, desc="fingerprint", unit="case", mininterval=1.0):
-        case = by_id[cid]
-        image, img = load_ras(ds.path(case.image))
-        label, _ = load_ras(ds.path(case.label), np.uint8)
-        spacings.append(_ras_spacing(img).tolist())
-        box = _crop_box(image)
-        shapes.append([b - a for a, b in box])
-        fg = image[label > 0]
-        if len(fg):
-            samples.append(rng.choice(fg, size=min(len(fg), cfg.foreground_samples), replace=False))
-    fg = np.concatenate(samples) if samples else np.zeros(1)
+        try:
+            lc = load_case(ds, by_id[cid])
+        except VoxjetError as e:
+            if cfg.on_bad_case != "skip":
+                raise
+            skipped[cid] = str(e)
+            print(f"skipping case {cid}: {e}", file=sys.stderr)
+            continue
+        box = _crop_box(lc.image)
+        stats[cid] = {
+            "spacing": lc.spacing.tolist(),
+            "shape": [b - a for a, b in box],
+            "fg": _foreground_sample(lc, cfg.foreground_samples, rng),
+        }
+    return stats, skipped
+
+
+def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
+    """Spacings, shapes and foreground intensity statistics of the inspected cases."""
+    spacings = [s["spacing"] for s in stats.values()]
+    shapes = [s["shape"] for s in stats.values()]
+    fg = np.concatenate([s["fg"] for s in stats.values()] or [np.zeros(1)])
     return {
-        "cases": len(case_ids),
+        "cases": len(stats),
         "modality": ds.modality,
         "labels": ds.labels,
         "spacings": spacings,
@@ -118,6 +183,11 @@ def fingerprint(ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig) -> d
             "percentile_99_5": float(np.percentile(fg, 99.5)),
         },
     }
+
+
+def fingerprint(ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig) -> dict:
+    """The dataset fingerprint over the given cases."""
+    return fingerprint_from(inspect_cases(ds, case_ids, cfg)[0], ds)
 
 
 def target_spacing(spacings: list[list[float]]) -> list[float]:
@@ -154,43 +224,43 @@ def make_plan(fp: dict, cfg: VolumePrepConfig) -> dict:
 
 
 def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
-    """CT: clip to dataset foreground percentiles and z-score with dataset stats; else per case."""
-    if plan["normalization"] == "ct":
-        st = fp["foreground_intensity"]
-        clipped = np.clip(image, st["percentile_00_5"], st["percentile_99_5"])
-        return ((clipped - st["mean"]) / max(st["std"], 1e-8)).astype(np.float32)
-    return ((image - image.mean()) / max(float(image.std()), 1e-8)).astype(np.float32)
+    """[C, X, Y, Z]. CT (channel 0): clip to the dataset's foreground percentiles and z-score
+    with dataset statistics; other channels and modalities: z-score per case."""
+    out = np.empty_like(image, dtype=np.float32)
+    for c, ch in enumerate(image):
+        if plan["normalization"] == "ct" and c == 0:
+            st = fp["foreground_intensity"]
+            clipped = np.clip(ch, st["percentile_00_5"], st["percentile_99_5"])
+            out[c] = (clipped - st["mean"]) / max(st["std"], 1e-8)
+        else:
+            out[c] = (ch - ch.mean()) / max(float(ch.std()), 1e-8)
+    return out
 
 
 def resample(arr: np.ndarray, spacing: np.ndarray, target: np.ndarray, order: int) -> np.ndarray:
-    """Resample to `target` spacing (order 1 linear for images, 0 nearest for labels)."""
-    new_shape = np.maximum(1, np.round(np.array(arr.shape) * spacing / target)).astype(int)
-    if tuple(new_shape) == arr.shape:
-        return arr
-    zoom = new_shape / np.array(arr.shape)
-    return ndimage.zoom(arr, zoom, order=order, mode="nearest", grid_mode=True)
+    """Resample the last three axes to `target` spacing (order 1 linear, 0 nearest)."""
+    return zoom_to(arr, plan_shape(arr.shape[-3:], spacing, target), order)
 
 
 def preprocess_case(
     ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path, cfg: VolumePrepConfig
 ) -> dict:
     """Write one case file; returns its summary (shape, class voxel counts)."""
-    image, img = load_ras(ds.path(case.image))
-    label, lbl = load_ras(ds.path(case.label), np.uint8)
-    _check_pair(ds, case, img, lbl, label)
-    spacing = _ras_spacing(img)
-    box = _crop_box(image)
+    lc = load_case(ds, case)
+    box = _crop_box(lc.image)
     sl = tuple(slice(a, b) for a, b in box)
     target = np.array(plan["target_spacing"])
-    image = normalise(resample(image[sl], spacing, target, order=1), plan, fp)
-    label = resample(label[sl], spacing, target, order=0).astype(np.uint8)
+    shape = plan_shape(lc.label[sl].shape, lc.spacing, target)
+    image = normalise(zoom_to(lc.image[(slice(None), *sl)], shape, order=1), plan, fp)
+    n_classes = max(ds.labels) + 1
+    label = zoom_labels(lc.label[sl], shape, n_classes)
     chunks = tuple(
-        int(min(s, max(8, p // 2))) for s, p in zip(image.shape, plan["patch_size"], strict=True)
+        int(min(s, max(8, p // 2))) for s, p in zip(shape, plan["patch_size"], strict=True)
     )
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("image", data=image[None], chunks=(1, *chunks), **hdf5plugin.LZ4())
+        f.create_dataset("image", data=image, chunks=(1, *chunks), **hdf5plugin.LZ4())
         f.create_dataset("label", data=label, chunks=chunks, **hdf5plugin.LZ4())
         for cls in sorted(ds.labels):
             if cls == 0:
@@ -204,16 +274,17 @@ def preprocess_case(
             {
                 "case_id": case.case_id,
                 "format_version": FORMAT_VERSION,
-                "original_affine": img.affine,
-                "original_shape": img.shape[:3],
-                "original_spacing_ras": spacing,
-                "ras_orientation_of_original": "".join(nib.aff2axcodes(img.affine)),
+                "original_affine": lc.affine,
+                "original_shape": from_ras(lc.label, lc.affine).shape,
+                "original_spacing_ras": lc.spacing,
+                "ras_orientation_of_original": "".join(nib.aff2axcodes(lc.affine)),
+                "ras_shape": lc.label.shape,
                 "crop_box": np.array(box),
                 "spacing": target,
-                "shape": image.shape,
+                "shape": shape,
             }
         )
-    return {"case_id": case.case_id, "shape": list(image.shape), "voxels_per_class": counts}
+    return {"case_id": case.case_id, "shape": list(shape), "voxels_per_class": counts}
 
 
 def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[str]]:
@@ -235,22 +306,35 @@ def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[st
     return split
 
 
+def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
+    """Check every case, split the good ones, fingerprint the training cases and plan."""
+    stats, skipped = inspect_cases(ds, [c.case_id for c in ds.cases], cfg)
+    split = split_cases(list(stats), cfg)
+    fp = fingerprint_from({c: stats[c] for c in split["train"]}, ds)
+    plan = make_plan(fp, cfg)
+    plan["config"] = asdict(cfg)
+    return {"fingerprint": fp, "plan": plan, "splits": split, "skipped": skipped}
+
+
 def preprocess_dataset(
     manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: VolumePrepConfig
 ) -> dict:
-    """Fingerprint on the training cases, plan, preprocess every case; the folder appears whole."""
+    """Plan, then preprocess every good case; the folder appears whole or not at all."""
     manifest = read_json(manifest_path)
     ds = load_dataset(manifest["root"])
-    split = split_cases([c.case_id for c in ds.cases], cfg)
-    fp = fingerprint(ds, split["train"], cfg)
-    plan = make_plan(fp, cfg)
+    planned = plan_dataset(ds, cfg)
+    plan, fp, split = planned["plan"], planned["fingerprint"], planned["splits"]
+    good = [c for c in ds.cases if c.case_id not in planned["skipped"]]
     summaries = []
     with atomic_path(out_dir, directory=True) as tmp:
-        for case in tqdm(ds.cases, desc="preprocess", unit="case", mininterval=1.0):
+        for case in tqdm(good, desc="preprocess", unit="case", mininterval=1.0):
             summaries.append(preprocess_case(ds, case, plan, fp, tmp / f"{case.case_id}.h5", cfg))
-        plan["config"] = asdict(cfg)
-        (tmp / "fingerprint.json").write_text(json.dumps(fp, indent=2) + "\n")
-        (tmp / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
-        (tmp / "splits.json").write_text(json.dumps(split, indent=2) + "\n")
-        (tmp / "cases.json").write_text(json.dumps(summaries, indent=2) + "\n")
+        for name, obj in (
+            ("fingerprint", fp),
+            ("plan", plan),
+            ("splits", split),
+            ("cases", summaries),
+            ("skipped", planned["skipped"]),
+        ):
+            (tmp / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
     return plan

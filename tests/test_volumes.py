@@ -355,7 +355,7 @@ def test_label_round_trip_through_plan_space_on_non_ras_anisotropic_input(tmp_pa
     assert nib.aff2axcodes(cases[0][2]) == ("L", "P", "S")
     cfg = VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2, target_spacing=[1.0, 1.0, 1.5])
     preprocess_dataset(_manifest(tmp_path, root), tmp_path / "out", cfg)
-    for i, (_, lbl, aff) in enumerate(cases):
+    for i, (_, lbl, _) in enumerate(cases):
         with h5py.File(tmp_path / "out" / f"c_{i:03d}.h5") as f:
             assert f["label"].shape != lbl.shape  # really resampled
             back = labels_to_original(f["label"][...], f.attrs, 2)

@@ -8,6 +8,7 @@ from pathlib import Path
 import h5py
 import nibabel as nib
 import numpy as np
+import torch
 import pytest
 from conftest import SHARED_DATA
 
@@ -250,6 +251,11 @@ def test_segmentation_trains_and_evaluates(cases, tmp_path):
     assert (tmp_path / "eval" / "overlays.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert saved["per_case"].keys() == m["per_case"].keys()
+    for cid in m["per_case"]:  # predictions land on the original image's grid
+        pred = nib.load(tmp_path / "eval" / "predictions" / f"{cid}.nii.gz")
+        with h5py.File(cases / f"{cid}.h5") as f:
+            assert pred.shape == tuple(f.attrs["original_shape"])
+            assert np.allclose(pred.affine, f.attrs["original_affine"])
 
 
 def _msd(root, cases, labels=None, modality="CT"):
@@ -390,3 +396,21 @@ def test_nibabel_shipped_nifti_files_load_and_reorient():
     ras = to_ras(data, img.affine)
     assert np.array_equal(from_ras(ras, img.affine), data)
     assert np.array_equal(ras, np.asarray(nib.as_closest_canonical(img).dataobj))
+
+
+def test_augmentation_is_seeded_and_keeps_image_and_label_aligned(cases):
+    split = json.loads((cases / "splits.json").read_text())
+    store = CaseStore(cases, split["train"])
+    plain = PatchSampler(store, [32, 32, 16], batch_size=3, seed=5)
+    aug = PatchSampler(store, [32, 32, 16], batch_size=3, seed=5, augment=True)
+    a, b = aug.batch(0, 1, 2), aug.batch(0, 1, 2)
+    assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    changed = 0
+    for i in range(8):
+        p, q = plain.batch(0, 0, i), aug.batch(0, 0, i)
+        assert q["image"].shape == p["image"].shape and q["label"].dtype == torch.int64
+        # geometry-only transforms move voxels, they do not invent labels
+        assert sorted(q["label"].unique().tolist()) == sorted(p["label"].unique().tolist())
+        changed += int(not torch.equal(p["image"], q["image"]))
+    assert changed >= 6
+    store.close()

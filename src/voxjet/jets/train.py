@@ -47,6 +47,9 @@ class JetTask:
         }
         self.s = s
 
+    def data_config(self) -> dict[str, Any]:
+        return {"shards": self.index["config_hash"]}
+
     def build_model(self) -> nn.Module:
         return build_model(**self.model_cfg)
 

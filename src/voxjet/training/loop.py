@@ -68,10 +68,17 @@ class Task(Protocol):
     def describe(self, batch: Any) -> str:
         """Where a batch's items came from, for error messages."""
 
+    def data_config(self) -> dict[str, Any]:
+        """What, besides settings and model, decides the batches (part of the fingerprint)."""
 
-def run_fingerprint(s: TrainSettings, model_config: dict[str, Any], world_size: int) -> str:
-    """What a checkpoint must match to be resumed: settings, model/data config, world size."""
-    blob = json.dumps([asdict(s), model_config, world_size], sort_keys=True, default=str)
+
+def run_fingerprint(s: TrainSettings, task: Task, world_size: int) -> str:
+    """What a checkpoint must match to be resumed: settings, model and data config, world size."""
+    blob = json.dumps(
+        [asdict(s), task.model_config(), task.data_config(), world_size],
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -118,7 +125,7 @@ def train(
     )
     amp = rt.device.type == "cuda"
     step, epoch, pos, best = 0, 0, 0, float("-inf")
-    fingerprint = run_fingerprint(s, task.model_config(), rt.world_size)
+    fingerprint = run_fingerprint(s, task, rt.world_size)
     state = checkpoint.load(last_path)
     if state is not None and state.get("fingerprint") != fingerprint:
         # A checkpoint of another configuration (settings, data statistics or world size

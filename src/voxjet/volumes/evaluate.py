@@ -3,13 +3,16 @@ per class per case, and overlays of a few slices for a person to look at."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import nibabel as nib
 import numpy as np
 import torch
 
 from voxjet.distributed import checkpoint
 from voxjet.io.atomic import atomic_path, read_json, write_json
+from voxjet.volumes.geometry import labels_to_original
 from voxjet.volumes.inference import load_case, predict_case, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore
@@ -55,7 +58,8 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
 
 
 def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5) -> dict:
-    """Score the test cases; write metrics.json (per case and mean per class) and overlays.png."""
+    """Score the test cases; write metrics.json (per case and mean per class), overlays.png
+    and each prediction as NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = read_json(Path(cases_dir) / "plan.json")
@@ -66,9 +70,17 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
     n = plan["num_classes"]
     names = {int(k): v for k, v in plan["labels"].items()}
     per_case, rows = {}, []
+    (out / "predictions").mkdir(exist_ok=True)
     for cid in cases:
-        image, label = load_case(store.file(cid))
+        f = store.file(cid)
+        image, label = load_case(f)
         pred = predict_case(model, image, plan["patch_size"], torch.device("cpu"), overlap)
+        # Back through resampling, crop and reorientation: the prediction overlays the original.
+        original = labels_to_original(pred, f.attrs, n)
+        nifti = nib.Nifti1Image(original, np.asarray(f.attrs["original_affine"]))
+        with atomic_path(out / "predictions" / f"{cid}.nii.gz") as tmp:
+            nib.save(nifti, str(tmp) + ".nii.gz")
+            os.replace(str(tmp) + ".nii.gz", tmp)
         per_case[cid] = {
             names[c]: m for c, m in seg_metrics(pred, label, n, plan["target_spacing"]).items()
         }

@@ -74,6 +74,30 @@ def draw_centre(
     return np.array([rng.integers(a, b) for a, b in zip(lo, hi, strict=True)])
 
 
+def make_augmentation(patch: np.ndarray):
+    """MONAI random augmentation of an {image, label} patch: flips on every axis, 90° turns
+    in the axial plane (only when it is square, so shapes hold), intensity scale/shift, noise."""
+    from monai.transforms import (
+        Compose,
+        RandFlipd,
+        RandGaussianNoised,
+        RandRotate90d,
+        RandScaleIntensityd,
+        RandShiftIntensityd,
+    )
+
+    keys = ["image", "label"]
+    tf = [RandFlipd(keys, prob=0.5, spatial_axis=a) for a in range(3)]
+    if patch[0] == patch[1]:
+        tf.append(RandRotate90d(keys, prob=0.5, spatial_axes=(0, 1)))
+    tf += [
+        RandScaleIntensityd("image", factors=0.1, prob=0.15),
+        RandShiftIntensityd("image", offsets=0.1, prob=0.15),
+        RandGaussianNoised("image", prob=0.15, std=0.1),
+    ]
+    return Compose(tf)
+
+
 class PatchSampler:
     """Batches of (image, label) patches; the last `fg_fraction` of each batch hits foreground."""
 
@@ -84,16 +108,20 @@ class PatchSampler:
         batch_size: int,
         fg_fraction: float = 1 / 3,
         seed: int = 0,
+        augment: bool = False,
     ) -> None:
         self.store = store
         self.patch = np.array(patch_size, int)
         self.batch_size = batch_size
         self.n_fg = int(round(batch_size * fg_fraction))
         self.seed = seed
+        self.augment = make_augmentation(self.patch) if augment else None
 
     def batch(self, rank: int, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """The batch at this position: a pure function of it."""
         rng = np.random.default_rng([self.seed, rank, epoch, index])
+        # a separate stream for augmentation, so switching it on does not move the patches
+        aug_rng = np.random.default_rng([self.seed, rank, epoch, index, 1])
         imgs, lbls, source = [], [], []
         for i in range(self.batch_size):
             case = self.store.case_ids[rng.integers(len(self.store.case_ids))]
@@ -101,6 +129,12 @@ class PatchSampler:
             centre = draw_centre(rng, f, self.patch, i >= self.batch_size - self.n_fg)
             source.append(f"{case}.h5@{centre.tolist()}")
             img, lbl = read_patch(f, centre, self.patch)
+            if self.augment is not None:
+                # seeded from the batch's generator: the same position gives the same patch
+                self.augment.set_random_state(seed=int(aug_rng.integers(2**31)))
+                out = self.augment({"image": img, "label": lbl[None]})
+                img = np.asarray(out["image"], np.float32)
+                lbl = np.asarray(out["label"], np.uint8)[0]
             imgs.append(img)
             lbls.append(lbl)
         return {

@@ -18,7 +18,7 @@ from voxjet.volumes.inference import load_case, predict_case, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore, PatchSampler
 
-SEG_TRAIN_KEYS = ("iterations_per_epoch", "foreground_fraction")
+SEG_TRAIN_KEYS = ("iterations_per_epoch", "foreground_fraction", "augment")
 
 
 class SegTask:
@@ -31,6 +31,7 @@ class SegTask:
         s: TrainSettings,
         iterations_per_epoch: int = 50,
         foreground_fraction: float = 1 / 3,
+        augment: bool = True,
     ) -> None:
         self.dir = Path(cases_dir)
         self.plan = read_json(self.dir / "plan.json")
@@ -38,14 +39,33 @@ class SegTask:
         self.train_store = CaseStore(self.dir, self.splits["train"])
         self.val_store = CaseStore(self.dir, self.splits["val"] or self.splits["train"][:1])
         self.sampler = PatchSampler(
-            self.train_store, self.plan["patch_size"], s.batch_size, foreground_fraction, s.seed
+            self.train_store,
+            self.plan["patch_size"],
+            s.batch_size,
+            foreground_fraction,
+            s.seed,
+            augment=augment,
         )
         self.iterations = iterations_per_epoch
-        self.model_cfg = {"in_channels": 1, "out_channels": self.plan["num_classes"], **model_cfg}
+        self.data = {
+            "iterations_per_epoch": iterations_per_epoch,
+            "augment": augment,
+            "foreground_fraction": foreground_fraction,
+            "plan": self.plan,
+        }
+        channels = self.train_store.file(self.train_store.case_ids[0])["image"].shape[0]
+        self.model_cfg = {
+            "in_channels": int(channels),
+            "out_channels": self.plan["num_classes"],
+            **model_cfg,
+        }
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
 
     def build_model(self) -> nn.Module:
         return build_unet(**self.model_cfg)
+
+    def data_config(self) -> dict[str, Any]:
+        return self.data
 
     def model_config(self) -> dict[str, Any]:
         return {**self.model_cfg, "patch_size": self.plan["patch_size"]}

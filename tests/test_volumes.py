@@ -8,8 +8,8 @@ from pathlib import Path
 import h5py
 import nibabel as nib
 import numpy as np
-import torch
 import pytest
+import torch
 from conftest import SHARED_DATA
 
 from voxjet.errors import VoxjetError

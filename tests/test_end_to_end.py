@@ -56,8 +56,10 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
     assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png"} <= figures
     # every rule left a log and a benchmark
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 17
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 17
+    # 19 jobs before the planning checkpoint, one preprocess_case job for each of the 7 cases
+    assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 18 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 18 + 7
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
@@ -89,4 +91,5 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     write_config(tiny, cfg)
     dry = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     stats = (dry.stdout + dry.stderr).split("Job stats:")[1].split("Reasons")[0]
-    assert "train_seg" in stats and "preprocess_volumes" not in stats and "synth_" not in stats
+    assert "train_seg" in stats and "plan_volumes" not in stats and "preprocess_case" not in stats
+    assert "synth_" not in stats

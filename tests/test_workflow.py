@@ -8,15 +8,17 @@ import re
 import yaml
 from conftest import REPO, run_snakemake, write_config
 
+# One preprocess_case job a case joins once plan_volumes (a checkpoint) has read dataset.json.
 DEMO_JOBS = {
     "synth_jets": 1,
     "synth_volumes": 1,
     "stage": 2,
     "shard_jets": 1,
-    "preprocess_volumes": 1,
-    "train_jets": 2,
+    "plan_volumes": 1,
+    "gather_cases": 1,
+    "train_jets": 4,
     "train_seg": 1,
-    "evaluate_jets": 2,
+    "evaluate_jets": 4,
     "evaluate_seg": 1,
     "aggregate": 1,
     "all": 1,

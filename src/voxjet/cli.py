@@ -65,6 +65,26 @@ def _preprocess(a: argparse.Namespace) -> None:
     print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
 
 
+def _plan_volumes(a: argparse.Namespace) -> None:
+    from voxjet.volumes.preprocess import VolumePrepConfig, plan_volumes
+
+    cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
+    plan = plan_volumes(a.manifest, a.out, cfg)
+    print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
+
+
+def _preprocess_case(a: argparse.Namespace) -> None:
+    from voxjet.volumes.preprocess import preprocess_one
+
+    print(json.dumps(preprocess_one(a.manifest, a.plan, a.case, a.out)), file=sys.stderr)
+
+
+def _gather_cases(a: argparse.Namespace) -> None:
+    from voxjet.volumes.preprocess import gather_cases
+
+    print(f"{len(gather_cases(a.plan, a.cases))} cases ready in {a.cases}", file=sys.stderr)
+
+
 def _train_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.train import run
 
@@ -152,6 +172,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
     s.set_defaults(func=_preprocess)
+
+    s = sub.add_parser("plan-volumes", help="check cases, fingerprint, plan and split")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
+    s.set_defaults(func=_plan_volumes)
+
+    s = sub.add_parser("preprocess-case", help="preprocess one case with the dataset's plan")
+    s.add_argument("--manifest", required=True)
+    s.add_argument("--plan", required=True, help="the plan-volumes folder")
+    s.add_argument("--case", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_preprocess_case)
+
+    s = sub.add_parser("gather-cases", help="put the plan beside the case files, list them")
+    s.add_argument("--plan", required=True)
+    s.add_argument("--cases", required=True)
+    s.set_defaults(func=_gather_cases)
 
     for name, data_arg, func in (
         ("train-jets", "--shards", _train_jets),

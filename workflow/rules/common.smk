@@ -101,6 +101,15 @@ def eval_targets(domain=None):
             if domain is None or r.domain == domain]
 
 
+def case_files(wildcards):
+    """One preprocessed file a good case, known once the planning checkpoint has run."""
+    plan_dir = checkpoints.plan_volumes.get(dataset=wildcards.dataset).output[0]
+    with open(f"{plan_dir}/splits.json") as f:
+        splits = json.load(f)
+    cases = sorted(c for ids in splits.values() for c in ids)
+    return [f"results/{wildcards.dataset}/cases/{c}.h5" for c in cases]
+
+
 def train_logs():
     return [f"results/{r.dataset}/runs/{r.run_id}/metrics.jsonl" for r in RUNS.values()]
 

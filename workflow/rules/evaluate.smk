@@ -44,7 +44,7 @@ rule evaluate_jets:
 
 rule evaluate_seg:
     input:
-        cases=rules.preprocess_volumes.output[0],
+        cases=rules.gather_cases.output[0],
         model=rules.train_seg.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -71,5 +71,5 @@ rule evaluate_seg:
     conda:
         ENV
     shell:
-        "voxjet evaluate-seg --cases {input.cases} --model {input.model}"
+        "voxjet evaluate-seg --cases results/{wildcards.dataset}/cases --model {input.model}"
         " --out {params.out} > {log} 2>&1"

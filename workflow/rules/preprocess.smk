@@ -1,17 +1,18 @@
-# Volumes: staged NIfTI (MSD layout) → fingerprint, plan and one chunked HDF5 file a case.
+# Volumes: staged NIfTI (MSD layout) → check every case, fingerprint, plan (a checkpoint: the
+# case list comes from dataset.json) → one job a case (a chunked HDF5 file) → gather.
 
 
-rule preprocess_volumes:
+checkpoint plan_volumes:
     input:
         manifest=rules.stage.output[0],
     output:
-        directory("results/{dataset}/cases"),
+        directory("results/{dataset}/plan"),
     params:
         config=data_config("volumes"),
     log:
-        "logs/preprocess_volumes/{dataset}.log",
+        "logs/plan_volumes/{dataset}.log",
     benchmark:
-        "results/benchmarks/preprocess_volumes/{dataset}.tsv"
+        "results/benchmarks/plan_volumes/{dataset}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
     threads: 1
@@ -21,5 +22,52 @@ rule preprocess_volumes:
     conda:
         ENV
     shell:
-        "voxjet preprocess-volumes --manifest {input.manifest} --out {output}"
+        "voxjet plan-volumes --manifest {input.manifest} --out {output}"
         " --config {params.config:q} > {log} 2>&1"
+
+
+rule preprocess_case:
+    input:
+        manifest=rules.stage.output[0],
+        plan=rules.plan_volumes.output[0],
+    output:
+        "results/{dataset}/cases/{case}.h5",
+    log:
+        "logs/preprocess_case/{dataset}/{case}.log",
+    benchmark:
+        "results/benchmarks/preprocess_case/{dataset}/{case}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+        case="[A-Za-z0-9_.+-]+",
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=30,
+    conda:
+        ENV
+    shell:
+        "voxjet preprocess-case --manifest {input.manifest} --plan {input.plan}"
+        " --case {wildcards.case} --out {output} > {log} 2>&1"
+
+
+rule gather_cases:
+    input:
+        plan=rules.plan_volumes.output[0],
+        cases=case_files,
+    output:
+        "results/{dataset}/cases/cases.json",
+    log:
+        "logs/gather_cases/{dataset}.log",
+    benchmark:
+        "results/benchmarks/gather_cases/{dataset}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        ENV
+    shell:
+        "voxjet gather-cases --plan {input.plan} --cases results/{wildcards.dataset}/cases"
+        " > {log} 2>&1"

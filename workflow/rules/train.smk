@@ -34,7 +34,7 @@ rule train_jets:
 
 rule train_seg:
     input:
-        cases=rules.preprocess_volumes.output[0],
+        cases=rules.gather_cases.output[0],
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -58,5 +58,5 @@ rule train_seg:
         ENV
     shell:
         "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus} --"
-        " train-seg --cases {input.cases} --run-config {params.run_config:q}"
+        " train-seg --cases results/{wildcards.dataset}/cases --run-config {params.run_config:q}"
         " --out {params.run_dir} > {log} 2>&1"

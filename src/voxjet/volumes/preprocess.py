@@ -338,3 +338,59 @@ def preprocess_dataset(
         ):
             (tmp / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
     return plan
+
+
+def _write_json_files(folder: Path, objs: dict[str, object]) -> None:
+    for name, obj in objs.items():
+        (folder / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def plan_volumes(
+    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: VolumePrepConfig
+) -> dict:
+    """The planning job: check every case, fingerprint, plan, split; one folder, atomically."""
+    ds = load_dataset(read_json(manifest_path)["root"])
+    planned = plan_dataset(ds, cfg)
+    with atomic_path(out_dir, directory=True) as tmp:
+        _write_json_files(tmp, planned)
+    return planned["plan"]
+
+
+def preprocess_one(
+    manifest_path: str | os.PathLike,
+    plan_dir: str | os.PathLike,
+    case_id: str,
+    out_path: str | os.PathLike,
+) -> dict:
+    """The per-case job: preprocess one case with the dataset's plan."""
+    plan_dir = Path(plan_dir)
+    ds = load_dataset(read_json(manifest_path)["root"])
+    plan = read_json(plan_dir / "plan.json")
+    fp = read_json(plan_dir / "fingerprint.json")
+    by_id = {c.case_id: c for c in ds.cases}
+    if case_id not in by_id:
+        raise VoxjetError(f"case {case_id!r} is not in {ds.root / 'dataset.json'}")
+    cfg = VolumePrepConfig(**plan["config"])
+    return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg)
+
+
+def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> list[dict]:
+    """After every case job: put the plan beside the case files and write cases.json last."""
+    plan_dir, cases_dir = Path(plan_dir), Path(cases_dir)
+    splits = read_json(plan_dir / "splits.json")
+    summaries = []
+    for cid in sorted(sum(splits.values(), [])):
+        path = cases_dir / f"{cid}.h5"
+        try:
+            with h5py.File(path, "r") as f:
+                summaries.append({"case_id": cid, "shape": [int(v) for v in f.attrs["shape"]]})
+        except OSError as e:
+            raise VoxjetError(
+                f"{path}: missing or unreadable; rerun its preprocess_case job"
+            ) from e
+    for name in ("plan", "fingerprint", "splits", "skipped"):
+        with atomic_path(cases_dir / f"{name}.json") as tmp:
+            tmp.write_text((plan_dir / f"{name}.json").read_text())
+    with atomic_path(cases_dir / "cases.json") as tmp:
+        tmp.write_text(json.dumps(summaries, indent=2) + "\n")
+    return summaries

@@ -24,8 +24,9 @@ import nibabel as nib
 import numpy as np
 
 
-def bench_loader(cases_dir: Path, msd: Path, case_ids: list[str], patch: list[int], batch: int,
-                 n: int) -> tuple[float, float]:
+def bench_loader(
+    cases_dir: Path, msd: Path, case_ids: list[str], patch: list[int], batch: int, n: int
+) -> tuple[float, float]:
     """(voxjet patches/s, MONAI patches/s)."""
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
@@ -41,13 +42,30 @@ def bench_loader(cases_dir: Path, msd: Path, case_ids: list[str], patch: list[in
     ours = n * batch / (time.perf_counter() - t)
     store.close()
 
-    files = [{"image": str(msd / "imagesTr" / f"{c}.nii.gz"),
-              "label": str(msd / "labelsTr" / f"{c}.nii.gz")} for c in case_ids]
-    tf = Compose([LoadImaged(keys=["image", "label"]), EnsureChannelFirstd(keys=["image", "label"]),
-                  RandCropByPosNegLabeld(keys=["image", "label"], label_key="label",
-                                         spatial_size=patch, pos=1, neg=2, num_samples=1)])
-    loader = DataLoader(Dataset(files * (n * batch // len(files) + 1), tf), batch_size=batch,
-                        num_workers=0)
+    files = [
+        {
+            "image": str(msd / "imagesTr" / f"{c}.nii.gz"),
+            "label": str(msd / "labelsTr" / f"{c}.nii.gz"),
+        }
+        for c in case_ids
+    ]
+    tf = Compose(
+        [
+            LoadImaged(keys=["image", "label"]),
+            EnsureChannelFirstd(keys=["image", "label"]),
+            RandCropByPosNegLabeld(
+                keys=["image", "label"],
+                label_key="label",
+                spatial_size=patch,
+                pos=1,
+                neg=2,
+                num_samples=1,
+            ),
+        ]
+    )
+    loader = DataLoader(
+        Dataset(files * (n * batch // len(files) + 1), tf), batch_size=batch, num_workers=0
+    )
     it = iter(loader)
     next(it)
     t = time.perf_counter()
@@ -97,7 +115,7 @@ def bench_patch_read(case_file: Path, tmp: Path, patch: list[int], n: int) -> tu
     t = time.perf_counter()
     for c in centres:
         lo = np.maximum(c - p // 2, 0)
-        np.array(mm[:, lo[0]:lo[0] + p[0], lo[1]:lo[1] + p[1], lo[2]:lo[2] + p[2]])
+        np.array(mm[:, lo[0] : lo[0] + p[0], lo[1] : lo[1] + p[1], lo[2] : lo[2] + p[2]])
     return h5, (time.perf_counter() - t) / n
 
 
@@ -113,27 +131,44 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        cfg = ToyVolumesConfig(train_cases=a.cases, test_cases=0, min_shape=tuple(a.shape),
-                               max_shape=tuple(a.shape))
+        cfg = ToyVolumesConfig(
+            train_cases=a.cases, test_cases=0, min_shape=tuple(a.shape), max_shape=tuple(a.shape)
+        )
         msd = generate_dataset(d / "msd", cfg, progress=False)
         prep, load = bench_preprocess(msd, d / "cases")
-        ids = [c["image"].split("/")[-1][:-7] for c in
-               json.loads((msd / "dataset.json").read_text())["training"]]
+        ids = [
+            c["image"].split("/")[-1][:-7]
+            for c in json.loads((msd / "dataset.json").read_text())["training"]
+        ]
         (d / "cases" / "plan.json").write_text("{}")
         ours, monai = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches)
         h5, npy = bench_patch_read(d / "cases" / f"{ids[0]}.h5", d, a.patch, 50)
     rows = [
-        ("loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)",
-         ours / monai, 10, f"{ours:.1f} vs {monai:.1f} patches/s"),
-        ("preprocessing ÷ nibabel load alone (throughput)", load / prep, 0.3,
-         f"{prep:.2f} s vs {load:.2f} s for {a.cases} cases"),
-        ("random patch read: case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,
-         f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms"),
+        (
+            "loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)",
+            ours / monai,
+            10,
+            f"{ours:.1f} vs {monai:.1f} patches/s",
+        ),
+        (
+            "preprocessing ÷ nibabel load alone (throughput)",
+            load / prep,
+            0.3,
+            f"{prep:.2f} s vs {load:.2f} s for {a.cases} cases",
+        ),
+        (
+            "random patch read: case file ÷ memory-mapped .npy (speed)",
+            npy / h5,
+            0.5,
+            f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms",
+        ),
     ]
     print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}")
     for name, ratio, target, detail in rows:
-        print(f"{name:<72} {ratio:7.2f} (target >= {target}) "
-              f"{'PASS' if ratio >= target else 'FAIL'}  [{detail}]")
+        print(
+            f"{name:<72} {ratio:7.2f} (target >= {target}) "
+            f"{'PASS' if ratio >= target else 'FAIL'}  [{detail}]"
+        )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,35 @@ def cases(toy_msd, tmp_path_factory):
     return out / "cases"
 
 
+def test_memory_estimate_matches_a_measured_peak_on_cpu():
+    from voxjet.volumes.memory import estimate_bytes, measure_peak_bytes
+
+    # a configuration the constants were not fitted on
+    patch, channels = [72, 72, 32], [24, 48, 96]
+    measured = measure_peak_bytes(patch, channels, batch=2, num_res_units=1, out_channels=3)
+    estimated = estimate_bytes(patch, channels, 2, 1, 3, num_res_units=1, gpu=False)
+    assert 0.7 < measured / estimated < 1.35, (measured, estimated)
+
+
+def test_plan_shrinks_patch_to_budget_then_plans_pipeline_stages():
+    from voxjet.volumes.memory import estimate_bytes, plan_patch_and_batch
+
+    ch = [32, 64, 128, 256, 320]
+    big = plan_patch_and_batch([300, 300, 200], ch, 4.0, 1, 2, 1e10)
+    small = plan_patch_and_batch([300, 300, 200], ch, 12.0, 1, 2, 1e10)
+    assert np.prod(big["patch_size"]) < np.prod(small["patch_size"])
+    assert all(p % 16 == 0 for p in big["patch_size"]) and big["pipeline_stages"] == 1
+    assert big["estimated_gpu_memory_gb"] <= 4.0
+    assert estimate_bytes(big["patch_size"], ch, big["batch_size"], 1, 2) <= 4 * 1024**3
+    # a fixed patch too large for one GPU: cut the model into stages
+    fixed = plan_patch_and_batch([512, 512, 512], ch, 8.0, 1, 2, 1e10, patch=[256, 256, 256])
+    assert fixed["patch_size"] == [256, 256, 256] and fixed["pipeline_stages"] >= 2
+    assert fixed["estimated_gpu_memory_gb"] / fixed["pipeline_stages"] <= 8.0
+    # the batch stays under 5% of the dataset's voxels
+    tiny = plan_patch_and_batch([32, 32, 32], [8, 16], 80.0, 1, 2, 32**3 * 100)
+    assert tiny["batch_size"] * 32**3 <= 0.05 * 32**3 * 100
+
+
 def test_toy_dataset_is_msd_layout_with_varied_geometry(toy_msd):
     meta = json.loads((toy_msd / "dataset.json").read_text())
     assert meta["modality"] == {"0": "CT"} and meta["numTraining"] == 5 and len(meta["test"]) == 1
@@ -130,11 +159,14 @@ def test_plan_patch_fits_median_case_and_network():
         "spacings": [[1, 1, 1]] * 3,
         "median_spacing": [1, 1, 1],
         "median_shape": [70, 50, 20],
+        "shapes": [[70, 50, 20]] * 3,
         "labels": {0: "bg", 1: "x"},
         "modality": "CT",
     }
     plan = make_plan(fp, VolumePrepConfig(patch_size=[64, 64, 64], network_depth=3))
-    assert plan["patch_size"] == [64, 48, 16] and plan["normalization"] == "ct"
+    # capped to the median case rounded up to a multiple of 2**3
+    assert plan["patch_size"] == [64, 56, 24] and plan["normalization"] == "ct"
+    assert plan["batch_size"] >= 2 and plan["pipeline_stages"] == 1
 
 
 def test_resample_shapes():

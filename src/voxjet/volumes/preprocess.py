@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h5py
@@ -23,6 +23,7 @@ from tqdm import tqdm
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.volumes.geometry import from_ras, plan_shape, ras_spacing, to_ras, zoom_labels, zoom_to
+from voxjet.volumes.memory import plan_patch_and_batch
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
 
 FORMAT_VERSION = 1
@@ -33,8 +34,10 @@ class VolumePrepConfig:
     """Preprocessing and planning choices from the dataset's `volumes:` section."""
 
     target_spacing: list[float] | None = None
-    patch_size: list[int] = field(default_factory=lambda: [64, 64, 32])
+    patch_size: list[int] | None = None
     network_depth: int = 3
+    plan_channels: list[int] | None = None
+    gpu_memory_gb: float = 8.0
     val_fraction: float = 0.15
     test_fraction: float = 0.2
     foreground_samples: int = 10000
@@ -156,6 +159,7 @@ def inspect_cases(
             continue
         box = _crop_box(lc.image)
         stats[cid] = {
+            "channels": int(lc.image.shape[0]),
             "spacing": lc.spacing.tolist(),
             "shape": [b - a for a, b in box],
             "fg": _foreground_sample(lc, cfg.foreground_samples, rng),
@@ -170,6 +174,7 @@ def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
     fg = np.concatenate([s["fg"] for s in stats.values()] or [np.zeros(1)])
     return {
         "cases": len(stats),
+        "channels": max([s["channels"] for s in stats.values()] or [1]),
         "modality": ds.modality,
         "labels": ds.labels,
         "spacings": spacings,
@@ -202,21 +207,43 @@ def target_spacing(spacings: list[list[float]]) -> list[float]:
     return target.tolist()
 
 
+def plan_channels(cfg: VolumePrepConfig) -> list[int]:
+    """U-Net widths the plan is made for: given, or nnU-Net's 32 doubling to at most 320."""
+    if cfg.plan_channels:
+        if len(cfg.plan_channels) != cfg.network_depth + 1:
+            raise VoxjetError(
+                f"volumes.plan_channels has {len(cfg.plan_channels)} levels but "
+                f"network_depth {cfg.network_depth} needs {cfg.network_depth + 1}"
+            )
+        return list(cfg.plan_channels)
+    return [min(32 * 2**i, 320) for i in range(cfg.network_depth + 1)]
+
+
 def make_plan(fp: dict, cfg: VolumePrepConfig) -> dict:
-    """Target spacing and the patch size (no larger than the median resampled case, divisible
-    by 2**depth so the U-Net's down/up-sampling lines up)."""
+    """Target spacing by nnU-Net's rule, then patch size, batch size and pipeline stages from
+    the GPU memory budget (voxjet.volumes.memory explains the estimate)."""
     spacing = cfg.target_spacing or target_spacing(fp["spacings"])
-    med_shape = np.array(fp["median_shape"]) * np.array(fp["median_spacing"]) / np.array(spacing)
-    div = 2**cfg.network_depth
-    patch = [
-        int(max(div, min(p, (int(m) // div) * div)))
-        for p, m in zip(cfg.patch_size, med_shape, strict=True)
-    ]
+    scale = np.array(fp["median_spacing"]) / np.array(spacing)
+    median = (np.array(fp["median_shape"]) * scale).tolist()
+    dataset_voxels = float(sum(np.prod(np.array(s) * scale) for s in fp["shapes"]))
+    channels = plan_channels(cfg)
+    n_classes = max(int(k) for k in fp["labels"]) + 1
+    sized = plan_patch_and_batch(
+        median,
+        channels,
+        cfg.gpu_memory_gb,
+        fp.get("channels", 1),
+        n_classes,
+        dataset_voxels,
+        patch=cfg.patch_size,
+    )
     return {
         "target_spacing": [float(s) for s in spacing],
-        "patch_size": patch,
+        **sized,
         "network_depth": cfg.network_depth,
-        "num_classes": len(fp["labels"]),
+        "plan_channels": channels,
+        "gpu_memory_gb": cfg.gpu_memory_gb,
+        "num_classes": n_classes,
         "labels": fp["labels"],
         "modality": fp["modality"],
         "normalization": "ct" if fp["modality"].upper() == "CT" else "zscore",

@@ -104,7 +104,8 @@ def run(cases_dir: str, run_config: dict[str, Any], out_dir: str) -> dict[str, A
     rt = init_runtime()
     tcfg = dict(run_config.get("train", {}))
     extra = {k: tcfg.pop(k) for k in SEG_TRAIN_KEYS if k in tcfg}
-    tcfg.setdefault("batch_size", 2)  # 3D patches: nnU-Net's batch size, not the jets' 256
+    # 3D patches: the plan's batch size (from the GPU memory budget), not the jets' default
+    tcfg.setdefault("batch_size", read_json(Path(cases_dir) / "plan.json").get("batch_size", 2))
     s = TrainSettings(**tcfg)
     try:
         task = SegTask(cases_dir, dict(run_config.get("model", {})), s, **extra)

@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import h5py
 import nibabel as nib
 import numpy as np
 
@@ -75,13 +74,13 @@ def bench_loader(
     return ours, monai
 
 
-def bench_preprocess(msd: Path, out: Path) -> tuple[float, float]:
+def bench_preprocess(msd: Path, out: Path, patch: list[int]) -> tuple[float, float]:
     """(seconds to preprocess every case, seconds for nibabel to load them)."""
     from voxjet.volumes.msd import load_dataset
     from voxjet.volumes.preprocess import VolumePrepConfig, fingerprint, make_plan, preprocess_case
 
     ds = load_dataset(msd)
-    cfg = VolumePrepConfig()
+    cfg = VolumePrepConfig(patch_size=patch)  # chunks follow the patch, as in training
     fp = fingerprint(ds, [c.case_id for c in ds.cases], cfg)
     plan = make_plan(fp, cfg)
     t = time.perf_counter()
@@ -96,26 +95,36 @@ def bench_preprocess(msd: Path, out: Path) -> tuple[float, float]:
     return time.perf_counter() - t, load
 
 
-def bench_patch_read(case_file: Path, tmp: Path, patch: list[int], n: int) -> tuple[float, float]:
-    """(seconds a random patch from the case file, seconds from a memory-mapped .npy)."""
-    from voxjet.volumes.patches import read_patch
+def bench_patch_read(
+    cases_dir: Path, case_id: str, tmp: Path, patch: list[int], n: int
+) -> tuple[float, float]:
+    """(seconds a random image+label patch through the loader's case store, seconds for the
+    same from memory-mapped uncompressed .npy files)."""
+    from voxjet.volumes.patches import CaseStore, read_patch
 
     rng = np.random.default_rng(0)
     p = np.array(patch)
-    with h5py.File(case_file) as f:
-        np.save(tmp / "image.npy", f["image"][...])
-        shape = np.array(f["label"].shape)
-        centres = [rng.integers(p // 2, np.maximum(shape - p // 2, p // 2 + 1)) for _ in range(n)]
-        read_patch(f, centres[0], p)
-        t = time.perf_counter()
-        for c in centres:
-            read_patch(f, c, p)
-        h5 = (time.perf_counter() - t) / n
-    mm = np.load(tmp / "image.npy", mmap_mode="r")
+    store = CaseStore(cases_dir, [case_id])
+    f = store.file(case_id)
+    np.save(tmp / "image.npy", f["image"][...])
+    np.save(tmp / "label.npy", f["label"][...])
+    image, label = store.volumes(case_id)
+    shape = np.array(label.shape)
+    centres = [rng.integers(p // 2, np.maximum(shape - p // 2, p // 2 + 1)) for _ in range(n)]
+    read_patch(image, label, centres[0], p)
+    t = time.perf_counter()
+    for c in centres:
+        read_patch(image, label, c, p)
+    h5 = (time.perf_counter() - t) / n
+    store.close()
+    img = np.load(tmp / "image.npy", mmap_mode="r")
+    lbl = np.load(tmp / "label.npy", mmap_mode="r")
     t = time.perf_counter()
     for c in centres:
         lo = np.maximum(c - p // 2, 0)
-        np.array(mm[:, lo[0] : lo[0] + p[0], lo[1] : lo[1] + p[1], lo[2] : lo[2] + p[2]])
+        sl = tuple(slice(a, a + b) for a, b in zip(lo, p, strict=True))
+        np.array(img[(slice(None), *sl)])
+        np.array(lbl[sl])
     return h5, (time.perf_counter() - t) / n
 
 
@@ -135,14 +144,14 @@ def main() -> None:
             train_cases=a.cases, test_cases=0, min_shape=tuple(a.shape), max_shape=tuple(a.shape)
         )
         msd = generate_dataset(d / "msd", cfg, progress=False)
-        prep, load = bench_preprocess(msd, d / "cases")
+        prep, load = bench_preprocess(msd, d / "cases", a.patch)
         ids = [
             c["image"].split("/")[-1][:-7]
             for c in json.loads((msd / "dataset.json").read_text())["training"]
         ]
         (d / "cases" / "plan.json").write_text("{}")
         ours, monai = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches)
-        h5, npy = bench_patch_read(d / "cases" / f"{ids[0]}.h5", d, a.patch, 50)
+        h5, npy = bench_patch_read(d / "cases", ids[0], d, a.patch, 50)
     rows = [
         (
             "loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)",

@@ -206,11 +206,33 @@ def test_patch_sampler_oversamples_foreground_and_is_deterministic(cases):
     store.close()
 
 
-def test_read_patch_pads_outside_the_volume(cases):
-    with h5py.File(next(cases.glob("*.h5"))) as f:
-        img, lbl = read_patch(f, np.array([0, 0, 0]), np.array([8, 8, 8]))
-        assert img.shape == (1, 8, 8, 8) and (img[:, :4] == 0).all()
-        assert np.array_equal(img[0, 4:, 4:, 4:], f["image"][0, :4, :4, :4])
+def test_read_patch_pads_outside_the_volume_and_matches_hdf5(cases):
+    case = sorted(cases.glob("toy_*.h5"))[0].stem
+    store = CaseStore(cases, [case], cache_bytes=1 << 20)  # small: evictions happen
+    image, label = store.volumes(case)
+    with h5py.File(cases / f"{case}.h5") as f:
+        full_img, full_lbl = f["image"][...], f["label"][...]
+    img, lbl = read_patch(image, label, np.array([0, 0, 0]), np.array([8, 8, 8]))
+    assert img.shape == (1, 8, 8, 8) and (img[:, :4] == 0).all()
+    assert np.array_equal(img[0, 4:, 4:, 4:], full_img[0, :4, :4, :4])
+    rng = np.random.default_rng(0)
+    p = np.array([32, 32, 16])
+    for _ in range(20):  # random patches, across chunk borders, equal a plain HDF5 read
+        c = rng.integers(0, np.array(full_lbl.shape))
+        img, lbl = read_patch(image, label, c, p)
+        lo = c - p // 2
+        sl = tuple(
+            slice(max(a, 0), min(b, s)) for a, b, s in zip(lo, lo + p, full_lbl.shape, strict=True)
+        )
+        d = tuple(
+            slice(max(a, 0) - a, max(a, 0) - a + (s.stop - s.start))
+            for a, s in zip(lo, sl, strict=True)
+        )
+        assert np.array_equal(lbl[d], full_lbl[sl])
+        assert np.array_equal(img[(slice(None), *d)], full_img[(slice(None), *sl)])
+    assert store.cache.bytes <= 1 << 20 or len(store.cache._items) == 1
+    assert store.cache.hits > 0
+    store.close()
 
 
 def test_seg_metrics_dice_and_hd95():
@@ -336,7 +358,7 @@ def _manifest(tmp_path, root):
         ("5d", r"c_001\.nii\.gz: image of shape \(40, 36, 14, 1, 2\)"),
         ("shape", r"labelsTr/c_001\.nii\.gz: shape .* differs from the image's"),
         ("affine", r"labelsTr/c_001\.nii\.gz: affine differs"),
-        ("values", r"labelsTr/c_001\.nii\.gz: label values \[7\.0\] are not declared"),
+        ("values", r"labelsTr/c_001\.nii\.gz: label values \[7\] are not declared"),
         ("empty", r"labelsTr/c_001\.nii\.gz: no foreground"),
         ("notnifti", r"imagesTr/c_001\.nii\.gz: not a readable NIfTI image"),
     ],

@@ -23,6 +23,7 @@ from voxjet.distributed import checkpoint
 from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
+from voxjet.io.prefetch import prefetch
 from voxjet.training.logger import MetricsLog, StepTimer
 from voxjet.training.schedule import multiplier
 
@@ -44,6 +45,7 @@ class TrainSettings:
     eval_every: int = 100
     checkpoint_every: int = 100
     scale_lr_with_world: bool = True
+    prefetch: int = 2
     seed: int = 0
 
 
@@ -210,7 +212,7 @@ def train(
     running, count = 0.0, 0
     try:
         while step < s.steps:
-            for batch in task.batches(epoch, pos, rt):
+            for batch in prefetch(task.batches(epoch, pos, rt), s.prefetch):
                 timer.data_ready()
                 ddp.train()
                 with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():

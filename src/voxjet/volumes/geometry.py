@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import nibabel as nib
 import numpy as np
-from scipy import ndimage
 
 
 def to_ras(data: np.ndarray, affine: np.ndarray) -> np.ndarray:
@@ -31,32 +30,44 @@ def ras_spacing(affine: np.ndarray) -> np.ndarray:
 
 
 def zoom_to(arr: np.ndarray, shape: tuple[int, ...], order: int) -> np.ndarray:
-    """Resample the last three axes to exactly `shape` (order 0 nearest, 1 linear)."""
-    lead = arr.shape[:-3]
-    if tuple(arr.shape[-3:]) == tuple(shape):
+    """Resample the last three axes to exactly `shape`: order 1 trilinear, 0 nearest (torch's
+    interpolation: multi-threaded, several times faster than scipy's on a CT volume)."""
+    import torch
+    import torch.nn.functional as F
+
+    shape = tuple(int(s) for s in shape)
+    if tuple(arr.shape[-3:]) == shape:
         return arr
-    factors = (1,) * len(lead) + tuple(s / a for s, a in zip(shape, arr.shape[-3:], strict=True))
-    out = ndimage.zoom(arr, factors, order=order, mode="nearest", grid_mode=True)
-    # zoom rounds the output shape; pad or cut by at most a voxel to land exactly
-    fix = [(0, 0)] * len(lead) + [
-        (0, max(0, s - o)) for s, o in zip(shape, out.shape[-3:], strict=True)
-    ]
-    out = np.pad(out, fix, mode="edge")
-    return out[(...,) + tuple(slice(0, s) for s in shape)]
+    lead = arr.shape[:-3]
+    t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(
+        1, -1, *arr.shape[-3:]
+    )
+    if order == 0:
+        out = F.interpolate(t, size=shape, mode="nearest-exact")
+    else:
+        out = F.interpolate(t, size=shape, mode="trilinear", align_corners=False)
+    return out.reshape(*lead, *shape).numpy().astype(arr.dtype, copy=False)
 
 
 def zoom_labels(label: np.ndarray, shape: tuple[int, ...], n_classes: int) -> np.ndarray:
     """Labels resampled by interpolating each class's indicator linearly and taking the
     arg-max (smoother than nearest neighbour, as nnU-Net does)."""
-    if tuple(label.shape) == tuple(shape):
+    import torch
+    import torch.nn.functional as F
+
+    shape = tuple(int(s) for s in shape)
+    if tuple(label.shape) == shape:
         return label
-    best = np.zeros(shape, np.float32)
-    out = np.zeros(shape, np.uint8)
+    # one class at a time: a running maximum is much faster than argmax over a class axis
+    src = torch.from_numpy(label.astype(np.int64))[None, None]
+    best = torch.full((1, 1, *shape), -1.0)
+    out = torch.zeros(shape, dtype=torch.uint8)
     for c in range(n_classes):
-        p = zoom_to((label == c).astype(np.float32), shape, order=1)
+        p = F.interpolate((src == c).float(), size=shape, mode="trilinear", align_corners=False)
         take = p > best
-        out[take], best[take] = c, p[take]
-    return out
+        best = torch.where(take, p, best)
+        out[take[0, 0]] = c
+    return out.numpy()
 
 
 def plan_shape(shape: tuple[int, ...], spacing: np.ndarray, target: np.ndarray) -> tuple[int, ...]:

@@ -1,5 +1,6 @@
 """Patches drawn from preprocessed case files with foreground oversampling (nnU-Net: a third
-of each batch forced to contain foreground). Reads only the HDF5 chunks a patch touches; each
+of each batch forced to contain foreground). Reads only the HDF5 chunks a patch touches (kept
+decoded in a bounded cache, voxjet.io.chunks); each
 draw is a pure function of (seed, rank, epoch, batch index), so resuming is exact."""
 
 from __future__ import annotations
@@ -13,15 +14,21 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
+from voxjet.io.chunks import ChunkCache, ChunkedArray
 
 
 class CaseStore:
     """Lazily opened case files (one handle a case, opened in the process that reads)."""
 
-    def __init__(self, cases_dir: str | os.PathLike, case_ids: list[str]) -> None:
+    def __init__(
+        self, cases_dir: str | os.PathLike, case_ids: list[str], cache_bytes: int = 512 << 20
+    ) -> None:
         self.dir = Path(cases_dir)
         self.case_ids = list(case_ids)
         self._files: dict[str, h5py.File] = {}
+        self._volumes: dict[str, tuple[ChunkedArray, ChunkedArray]] = {}
+        self._foreground: dict[str, list[np.ndarray]] = {}
+        self.cache = ChunkCache(cache_bytes)
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
             raise VoxjetError(
@@ -32,43 +39,70 @@ class CaseStore:
         """The open HDF5 file of a case."""
         if case_id not in self._files:
             # A larger chunk cache keeps the chunks of neighbouring patches decoded.
-            self._files[case_id] = h5py.File(self.dir / f"{case_id}.h5", "r", rdcc_nbytes=64 << 20)
+            path = self.dir / f"{case_id}.h5"
+            try:
+                self._files[case_id] = h5py.File(path, "r")
+            except OSError as e:
+                raise VoxjetError(
+                    f"{path}: unreadable case file ({e}); rerun its preprocess_case job"
+                ) from e
         return self._files[case_id]
+
+    def volumes(self, case_id: str) -> tuple[ChunkedArray, ChunkedArray]:
+        """Image [C, X, Y, Z] and label [X, Y, Z] of a case, read through the chunk cache."""
+        if case_id not in self._volumes:
+            f = self.file(case_id)
+            self._volumes[case_id] = (
+                ChunkedArray(f["image"], self.cache, (case_id, "image")),
+                ChunkedArray(f["label"], self.cache, (case_id, "label")),
+            )
+        return self._volumes[case_id]
+
+    def foreground(self, case_id: str) -> list[np.ndarray]:
+        """The stored foreground coordinates of each present class (kept in memory)."""
+        if case_id not in self._foreground:
+            f = self.file(case_id)
+            groups = f["foreground"] if "foreground" in f else {}
+            self._foreground[case_id] = [
+                groups[k][...] for k in sorted(groups) if groups[k].shape[0] > 0
+            ]
+        return self._foreground[case_id]
 
     def close(self) -> None:
         """Close every open handle."""
         for f in self._files.values():
             f.close()
         self._files.clear()
+        self._volumes.clear()
 
 
 def read_patch(
-    f: h5py.File, centre: np.ndarray, patch: np.ndarray
+    image: ChunkedArray, label: ChunkedArray, centre: np.ndarray, patch: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The patch around `centre`, zero-padded where it leaves the volume."""
-    shape = np.array(f["label"].shape)
+    shape = np.array(label.shape)
     lo = centre - patch // 2
     hi = lo + patch
     src_lo, src_hi = np.maximum(lo, 0), np.minimum(hi, shape)
-    img = np.zeros((f["image"].shape[0], *patch), np.float32)
+    img = np.zeros((image.shape[0], *patch), np.float32)
     lbl = np.zeros(tuple(patch), np.uint8)
     dst = tuple(slice(a - b, c - b) for a, b, c in zip(src_lo, lo, src_hi, strict=True))
-    src = tuple(slice(a, c) for a, c in zip(src_lo, src_hi, strict=True))
-    img[(slice(None), *dst)] = f["image"][(slice(None), *src)]
-    lbl[dst] = f["label"][src]
+    img[(slice(None), *dst)] = image.read((0, *src_lo), (image.shape[0], *src_hi))
+    lbl[dst] = label.read(tuple(src_lo), tuple(src_hi))
     return img, lbl
 
 
 def draw_centre(
-    rng: np.random.Generator, f: h5py.File, patch: np.ndarray, force_foreground: bool
+    rng: np.random.Generator,
+    shape: np.ndarray,
+    foreground: list[np.ndarray],
+    patch: np.ndarray,
+    force_foreground: bool,
 ) -> np.ndarray:
     """A patch centre: on a stored foreground voxel of a random present class, or uniform."""
-    shape = np.array(f["label"].shape)
-    if force_foreground and "foreground" in f:
-        present = [k for k in f["foreground"] if f["foreground"][k].shape[0] > 0]
-        if present:
-            coords = f["foreground"][present[rng.integers(len(present))]]
-            return np.asarray(coords[rng.integers(coords.shape[0])], int)
+    if force_foreground and foreground:
+        coords = foreground[rng.integers(len(foreground))]
+        return np.asarray(coords[rng.integers(coords.shape[0])], int)
     lo = np.minimum(patch // 2, shape // 2)
     hi = np.maximum(shape - (patch - patch // 2), lo + 1)
     return np.array([rng.integers(a, b) for a, b in zip(lo, hi, strict=True)])
@@ -125,10 +159,16 @@ class PatchSampler:
         imgs, lbls, source = [], [], []
         for i in range(self.batch_size):
             case = self.store.case_ids[rng.integers(len(self.store.case_ids))]
-            f = self.store.file(case)
-            centre = draw_centre(rng, f, self.patch, i >= self.batch_size - self.n_fg)
+            image, label = self.store.volumes(case)
+            centre = draw_centre(
+                rng,
+                np.array(label.shape),
+                self.store.foreground(case),
+                self.patch,
+                i >= self.batch_size - self.n_fg,
+            )
             source.append(f"{case}.h5@{centre.tolist()}")
-            img, lbl = read_patch(f, centre, self.patch)
+            img, lbl = read_patch(image, label, centre, self.patch)
             if self.augment is not None:
                 # seeded from the batch's generator: the same position gives the same patch
                 self.augment.set_random_state(seed=int(aug_rng.integers(2**31)))

@@ -100,8 +100,12 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
             "image or drop case " + case.case_id
         )
     label = _array(lbl, lpath, np.float32)
-    values = np.unique(label)
-    bad = sorted(set(values.tolist()) - set(map(float, ds.labels)))
+    as_int = label.astype(np.int64)
+    if (as_int != label).any() or as_int.min() < 0:
+        raise VoxjetError(f"{lpath}: label values must be non-negative integers")
+    counts = np.bincount(as_int.ravel())  # a histogram, not a sort of every voxel
+    values = np.flatnonzero(counts)
+    bad = sorted(set(values.tolist()) - set(ds.labels))
     if bad:
         raise VoxjetError(
             f"{lpath}: label values {bad} are not declared in dataset.json labels "
@@ -126,12 +130,14 @@ def load_ras(path: Path, dtype=np.float32) -> tuple[np.ndarray, nib.Nifti1Image]
 
 
 def _crop_box(image: np.ndarray) -> list[list[int]]:
-    """nnU-Net's crop: the bounding box of voxels non-zero in any channel ([C, X, Y, Z])."""
-    nz = np.argwhere((image != 0).any(0))
-    if len(nz) == 0:
-        return [[0, s] for s in image.shape[1:]]
-    lo, hi = nz.min(0), nz.max(0) + 1
-    return [[int(a), int(b)] for a, b in zip(lo, hi, strict=True)]
+    """nnU-Net's crop: the bounding box of voxels non-zero in any channel ([C, X, Y, Z]);
+    found per axis, without listing the coordinates of every voxel."""
+    nonzero = (image != 0).any(0)
+    box = []
+    for axis in range(3):
+        hit = np.flatnonzero(nonzero.any(axis=tuple(a for a in range(3) if a != axis)))
+        box.append([int(hit[0]), int(hit[-1]) + 1] if len(hit) else [0, nonzero.shape[axis]])
+    return box
 
 
 def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator) -> np.ndarray:

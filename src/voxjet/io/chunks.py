@@ -1,0 +1,76 @@
+"""Decoded HDF5 chunks kept in memory, so that reading a patch is a few numpy copies.
+
+HDF5's own chunk cache still copies a selection element-run by element-run through its
+hyperslab machinery (about 1 ms for a 96x96x48 float patch here); decoding each chunk once,
+keeping it as an array and slicing it with numpy is several times faster. Only the chunks a
+read touches are decoded, and the cache is bounded in bytes (least recently used goes first).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+import numpy as np
+
+
+class ChunkCache:
+    """Least-recently-used decoded chunks, bounded by their total bytes."""
+
+    def __init__(self, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[Hashable, np.ndarray] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: Hashable, load: Callable[[], np.ndarray]) -> np.ndarray:
+        """The cached array for `key`, loading (and possibly evicting) on a miss."""
+        arr = self._items.get(key)
+        if arr is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return arr
+        self.misses += 1
+        arr = load()
+        self._items[key] = arr
+        self.bytes += arr.nbytes
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= old.nbytes
+        return arr
+
+
+class ChunkedArray:
+    """A chunked h5py dataset read box by box through a ChunkCache."""
+
+    def __init__(self, dset, cache: ChunkCache, key: Hashable) -> None:
+        self.dset = dset
+        self.shape = tuple(dset.shape)
+        self.dtype = dset.dtype
+        self.chunks = tuple(dset.chunks or dset.shape)
+        self.cache = cache
+        self.key = key
+
+    def read(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> np.ndarray:
+        """The box [lo, hi) (within the array's bounds) as a new array."""
+        out = np.empty(tuple(b - a for a, b in zip(lo, hi, strict=True)), self.dtype)
+        ranges = [
+            range(a // c, (b - 1) // c + 1) if b > a else range(0)
+            for a, b, c in zip(lo, hi, self.chunks, strict=True)
+        ]
+        for idx in itertools.product(*ranges):
+            c_lo = [i * c for i, c in zip(idx, self.chunks, strict=True)]
+            c_hi = [min(a + c, s) for a, c, s in zip(c_lo, self.chunks, self.shape, strict=True)]
+            chunk = self.cache.get(
+                (self.key, idx),
+                lambda c_lo=c_lo, c_hi=c_hi: self.dset[
+                    tuple(slice(a, b) for a, b in zip(c_lo, c_hi, strict=True))
+                ],
+            )
+            a = [max(x, y) for x, y in zip(lo, c_lo, strict=True)]
+            b = [min(x, y) for x, y in zip(hi, c_hi, strict=True)]
+            out[tuple(slice(p - q, r - q) for p, q, r in zip(a, lo, b, strict=True))] = chunk[
+                tuple(slice(p - q, r - q) for p, q, r in zip(a, c_lo, b, strict=True))
+            ]
+        return out

@@ -162,3 +162,26 @@ def test_figures_for_every_dataset_and_the_pipeline(tmp_path):
         "![jets-ds_jets-roc.png](figures/jets-ds_jets-roc.png)"
         in (tmp_path / "summary" / "summary.md").read_text()
     )
+
+
+def test_cli_summarises_from_a_config_listing_failed_runs_as_missing(tmp_path, monkeypatch):
+    """After a run failed (snakemake --keep-going finished the others), the CLI summarises
+    what exists from the config and lists the rest as missing."""
+    import shutil
+
+    import yaml
+    from conftest import REPO
+
+    from voxjet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(REPO / "config" / "config.yaml", tmp_path / "config.yaml")
+    done = tmp_path / "results" / "toy_jets" / "runs" / "part" / "eval"
+    done.mkdir(parents=True)
+    (done / "metrics.json").write_text(json.dumps({"auc_macro": 0.9, "accuracy": 0.8}))
+    assert main(["aggregate", "--from-config", "config.yaml", "--out", "summary"]) == 0
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "| part ★ |" in md
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    for other in ("particlenet", "unet"):
+        assert other in cfg["experiments"] and f"{other} (missing" in md

@@ -112,9 +112,14 @@ def _evaluate_seg(a: argparse.Namespace) -> None:
 
 
 def _aggregate(a: argparse.Namespace) -> None:
-    from voxjet.report.aggregate import RunInfo, aggregate
+    from voxjet.report.aggregate import RunInfo, aggregate, runs_from_config
 
-    runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
+    if a.runs:
+        runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
+    elif a.from_config:
+        runs = runs_from_config(a.from_config)
+    else:
+        raise VoxjetError("aggregate: give --runs (what the workflow passes) or --from-config")
     out = aggregate(runs, a.out, a.benchmarks)
     if out["missing"]:
         print(f"runs without metrics (listed as missing): {out['missing']}", file=sys.stderr)
@@ -161,23 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--retries", type=int, default=3)
     s.set_defaults(func=_stage)
 
-    s = sub.add_parser("shard-jets", help="ROOT files to shuffled HDF5 shards")
-    s.add_argument("--manifest", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--config", required=True, help="JSON (or @file) jets data config")
-    s.set_defaults(func=_shard_jets)
-
-    s = sub.add_parser("preprocess-volumes", help="fingerprint, plan and preprocess cases")
-    s.add_argument("--manifest", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
-    s.set_defaults(func=_preprocess)
-
-    s = sub.add_parser("plan-volumes", help="check cases, fingerprint, plan and split")
-    s.add_argument("--manifest", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--config", required=True, help="JSON (or @file) volumes config")
-    s.set_defaults(func=_plan_volumes)
+    for name, func, what in (
+        ("shard-jets", _shard_jets, "ROOT files to shuffled HDF5 shards"),
+        ("preprocess-volumes", _preprocess, "fingerprint, plan and preprocess all cases"),
+        ("plan-volumes", _plan_volumes, "check cases, fingerprint, plan and split"),
+    ):
+        s = sub.add_parser(name, help=what)
+        s.add_argument("--manifest", required=True)
+        s.add_argument("--out", required=True)
+        s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
+        s.set_defaults(func=func)
 
     s = sub.add_parser("preprocess-case", help="preprocess one case with the dataset's plan")
     s.add_argument("--manifest", required=True)
@@ -223,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_launch)
 
     s = sub.add_parser("aggregate", help="tidy metrics.csv and summary.md over all runs")
-    s.add_argument("--runs", required=True, help="JSON (or @file) list of runs")
+    s.add_argument("--runs", default=None, help="JSON (or @file) list of runs")
+    s.add_argument(
+        "--from-config",
+        default=None,
+        help="a workflow config: summarise its runs that have metrics, list the rest",
+    )
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
     s.add_argument("--out", required=True)
     s.set_defaults(func=_aggregate)

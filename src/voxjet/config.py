@@ -104,6 +104,11 @@ class Run:
     params: dict[str, Any]
     config: dict[str, Any]
 
+    @property
+    def run_dir(self) -> str:
+        """Where the workflow writes this run's outputs."""
+        return f"results/{self.dataset}/runs/{self.run_id}"
+
     def as_json(self) -> str:
         """The resolved run config the training command reads."""
         return json.dumps(self.config, sort_keys=True)

@@ -1,4 +1,5 @@
 # Helpers for the rules: config checks and input functions. Logic stays in the voxjet package.
+import dataclasses
 import json
 import re
 
@@ -6,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 
 from voxjet.config import check_config, check_sources, expand_runs
 from voxjet.errors import VoxjetError
+from voxjet.report.aggregate import run_infos
 
 ENV = "../../envs/voxjet.yaml"
 
@@ -97,7 +99,7 @@ def run_launch(wildcards):
 
 
 def eval_targets(domain=None):
-    return [f"results/{r.dataset}/runs/{r.run_id}/eval/metrics.json" for r in RUNS.values()
+    return [f"{r.run_dir}/eval/metrics.json" for r in RUNS.values()
             if domain is None or r.domain == domain]
 
 
@@ -111,14 +113,9 @@ def case_files(wildcards):
 
 
 def train_logs():
-    return [f"results/{r.dataset}/runs/{r.run_id}/metrics.jsonl" for r in RUNS.values()]
+    return [f"{r.run_dir}/metrics.jsonl" for r in RUNS.values()]
 
 
 def aggregate_runs():
     """What the aggregate step needs to know about every run, as JSON."""
-    return json.dumps([
-        {"dataset": r.dataset, "domain": r.domain, "experiment": r.experiment, "run": r.run_id,
-         "params": r.params,
-         "eval_metrics": f"results/{r.dataset}/runs/{r.run_id}/eval/metrics.json",
-         "train_metrics": f"results/{r.dataset}/runs/{r.run_id}/metrics.jsonl"}
-        for r in RUNS.values()], sort_keys=True)
+    return json.dumps([dataclasses.asdict(i) for i in run_infos(RUNS.values())], sort_keys=True)

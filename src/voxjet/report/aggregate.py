@@ -35,6 +35,32 @@ class RunInfo:
     params: dict[str, Any] = field(default_factory=dict)
 
 
+def run_infos(runs) -> list[RunInfo]:
+    """RunInfo for each voxjet.config.Run, at the paths the workflow writes them to."""
+    return [
+        RunInfo(
+            dataset=r.dataset,
+            domain=r.domain,
+            experiment=r.experiment,
+            run=r.run_id,
+            params=r.params,
+            eval_metrics=f"{r.run_dir}/eval/metrics.json",
+            train_metrics=f"{r.run_dir}/metrics.jsonl",
+        )
+        for r in runs
+    ]
+
+
+def runs_from_config(config_path: str | os.PathLike) -> list[RunInfo]:
+    """Every run a workflow config defines (for summarising by hand after some runs failed:
+    those are then listed as missing)."""
+    import yaml
+
+    from voxjet.config import expand_runs
+
+    return run_infos(expand_runs(yaml.safe_load(Path(config_path).read_text())).values())
+
+
 def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
     """Scalar metrics of one eval/metrics.json, nested per-class values as `name_class`."""
     flat: dict[str, float] = {}

@@ -52,9 +52,12 @@ class ChunkedArray:
         self.cache = cache
         self.key = key
 
-    def read(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> np.ndarray:
-        """The box [lo, hi) (within the array's bounds) as a new array."""
-        out = np.empty(tuple(b - a for a, b in zip(lo, hi, strict=True)), self.dtype)
+    def read(
+        self, lo: tuple[int, ...], hi: tuple[int, ...], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The box [lo, hi) (within the array's bounds), into `out` when given (no extra copy)."""
+        if out is None:
+            out = np.empty(tuple(b - a for a, b in zip(lo, hi, strict=True)), self.dtype)
         ranges = [
             range(a // c, (b - 1) // c + 1) if b > a else range(0)
             for a, b, c in zip(lo, hi, self.chunks, strict=True)

@@ -84,11 +84,13 @@ def read_patch(
     lo = centre - patch // 2
     hi = lo + patch
     src_lo, src_hi = np.maximum(lo, 0), np.minimum(hi, shape)
-    img = np.zeros((image.shape[0], *patch), np.float32)
-    lbl = np.zeros(tuple(patch), np.uint8)
+    # zero-filled only when the patch leaves the volume: inside, every voxel is overwritten
+    alloc = np.empty if (src_lo == lo).all() and (src_hi == hi).all() else np.zeros
+    img = alloc((image.shape[0], *patch), np.float32)
+    lbl = alloc(tuple(patch), np.uint8)
     dst = tuple(slice(a - b, c - b) for a, b, c in zip(src_lo, lo, src_hi, strict=True))
-    img[(slice(None), *dst)] = image.read((0, *src_lo), (image.shape[0], *src_hi))
-    lbl[dst] = label.read(tuple(src_lo), tuple(src_hi))
+    image.read((0, *src_lo), (image.shape[0], *src_hi), out=img[(slice(None), *dst)])
+    label.read(tuple(src_lo), tuple(src_hi), out=lbl[dst])
     return img, lbl
 
 

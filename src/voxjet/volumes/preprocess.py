@@ -287,9 +287,9 @@ def preprocess_case(
     image = normalise(zoom_to(lc.image[(slice(None), *sl)], shape, order=1), plan, fp)
     n_classes = max(ds.labels) + 1
     label = zoom_labels(lc.label[sl], shape, n_classes)
-    chunks = tuple(
-        int(min(s, max(8, p // 2))) for s, p in zip(shape, plan["patch_size"], strict=True)
-    )
+    # Chunks of one patch: patches are assembled from decoded chunks (voxjet.io.chunks), and a
+    # random patch then touches at most 8 of them (27 with half-patch chunks).
+    chunks = tuple(int(min(s, max(8, p))) for s, p in zip(shape, plan["patch_size"], strict=True))
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:

@@ -182,7 +182,9 @@ def test_preprocessed_cases_keep_geometry_and_foreground(cases, toy_msd):
         img, lbl = f["image"], f["label"]
         assert img.shape[1:] == lbl.shape and img.dtype == np.float32
         # one chunk a patch (capped by the volume): a random patch touches at most 8 chunks
-        assert img.chunks[1:] == tuple(min(a, b) for a, b in zip((32, 32, 16), lbl.shape))
+        assert img.chunks[1:] == tuple(
+            min(a, b) for a, b in zip((32, 32, 16), lbl.shape, strict=True)
+        )
         assert np.allclose(f.attrs["spacing"], plan["target_spacing"])
         orig = nib.load(toy_msd / "imagesTr" / "toy_000.nii.gz")
         assert np.allclose(f.attrs["original_affine"], orig.affine)

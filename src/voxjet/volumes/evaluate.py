@@ -13,7 +13,7 @@ import torch
 from voxjet.distributed import checkpoint
 from voxjet.io.atomic import atomic_path, read_json, write_json
 from voxjet.volumes.geometry import labels_to_original
-from voxjet.volumes.inference import load_case, predict_case, seg_metrics
+from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore
 
@@ -73,7 +73,7 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
     (out / "predictions").mkdir(exist_ok=True)
     for cid in cases:
         f = store.file(cid)
-        image, label = load_case(f)
+        image, label = read_case_arrays(f)
         pred = predict_case(model, image, plan["patch_size"], torch.device("cpu"), overlap)
         # Back through resampling, crop and reorientation: the prediction overlays the original.
         original = labels_to_original(pred, f.attrs, n)

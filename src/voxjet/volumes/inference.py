@@ -55,6 +55,6 @@ def seg_metrics(
     return out
 
 
-def load_case(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
+def read_case_arrays(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
     """The whole preprocessed image and label of an open case file."""
     return f["image"][...], f["label"][...]

@@ -123,12 +123,6 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
     )
 
 
-def load_ras(path: Path, dtype=np.float32) -> tuple[np.ndarray, nib.Nifti1Image]:
-    """An image's array reoriented to RAS, and the original image."""
-    img = _load_nifti(path)
-    return to_ras(_array(img, path, dtype), img.affine), img
-
-
 def _crop_box(image: np.ndarray) -> list[list[int]]:
     """nnU-Net's crop: the bounding box of voxels non-zero in any channel ([C, X, Y, Z]);
     found per axis, without listing the coordinates of every voxel."""

@@ -14,7 +14,7 @@ from torch import nn
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.io.atomic import read_json
 from voxjet.training.loop import TrainSettings, train
-from voxjet.volumes.inference import load_case, predict_case, seg_metrics
+from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore, PatchSampler
 
@@ -86,7 +86,7 @@ class SegTask:
         n = self.plan["num_classes"]
         dices = {c: [] for c in range(1, n)}
         for cid in self.val_store.case_ids:
-            image, label = load_case(self.val_store.file(cid))
+            image, label = read_case_arrays(self.val_store.file(cid))
             pred = predict_case(model, image, self.plan["patch_size"], device)
             for c, m in seg_metrics(pred, label, n).items():
                 if m["present"]:

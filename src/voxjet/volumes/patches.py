@@ -77,17 +77,28 @@ class CaseStore:
 
 
 def read_patch(
-    image: ChunkedArray, label: ChunkedArray, centre: np.ndarray, patch: np.ndarray
+    image: ChunkedArray,
+    label: ChunkedArray,
+    centre: np.ndarray,
+    patch: np.ndarray,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The patch around `centre`, zero-padded where it leaves the volume."""
+    """The patch around `centre`, zero-padded where it leaves the volume; written into `out`
+    (image [C, *patch] float32, label [*patch] uint8) when given, so a batch is filled in place."""
     shape = np.array(label.shape)
     lo = centre - patch // 2
     hi = lo + patch
     src_lo, src_hi = np.maximum(lo, 0), np.minimum(hi, shape)
-    # zero-filled only when the patch leaves the volume: inside, every voxel is overwritten
-    alloc = np.empty if (src_lo == lo).all() and (src_hi == hi).all() else np.zeros
-    img = alloc((image.shape[0], *patch), np.float32)
-    lbl = alloc(tuple(patch), np.uint8)
+    inside = bool((src_lo == lo).all() and (src_hi == hi).all())
+    if out is None:
+        # zero-filled only when the patch leaves the volume: inside, every voxel is overwritten
+        alloc = np.empty if inside else np.zeros
+        img, lbl = alloc((image.shape[0], *patch), np.float32), alloc(tuple(patch), np.uint8)
+    else:
+        img, lbl = out
+        if not inside:
+            img[...] = 0
+            lbl[...] = 0
     dst = tuple(slice(a - b, c - b) for a, b, c in zip(src_lo, lo, src_hi, strict=True))
     image.read((0, *src_lo), (image.shape[0], *src_hi), out=img[(slice(None), *dst)])
     label.read(tuple(src_lo), tuple(src_hi), out=lbl[dst])
@@ -158,10 +169,14 @@ class PatchSampler:
         rng = np.random.default_rng([self.seed, rank, epoch, index])
         # a separate stream for augmentation, so switching it on does not move the patches
         aug_rng = np.random.default_rng([self.seed, rank, epoch, index, 1])
-        imgs, lbls, source = [], [], []
+        source: list[str] = []
+        imgs = lbls = None
         for i in range(self.batch_size):
             case = self.store.case_ids[rng.integers(len(self.store.case_ids))]
             image, label = self.store.volumes(case)
+            if imgs is None:  # the batch is filled in place, patch by patch
+                imgs = np.empty((self.batch_size, image.shape[0], *self.patch), np.float32)
+                lbls = np.empty((self.batch_size, *self.patch), np.uint8)
             centre = draw_centre(
                 rng,
                 np.array(label.shape),
@@ -170,17 +185,15 @@ class PatchSampler:
                 i >= self.batch_size - self.n_fg,
             )
             source.append(f"{case}.h5@{centre.tolist()}")
-            img, lbl = read_patch(image, label, centre, self.patch)
+            read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
             if self.augment is not None:
                 # seeded from the batch's generator: the same position gives the same patch
                 self.augment.set_random_state(seed=int(aug_rng.integers(2**31)))
-                out = self.augment({"image": img, "label": lbl[None]})
-                img = np.asarray(out["image"], np.float32)
-                lbl = np.asarray(out["label"], np.uint8)[0]
-            imgs.append(img)
-            lbls.append(lbl)
+                aug = self.augment({"image": imgs[i], "label": lbls[i][None]})
+                imgs[i] = np.asarray(aug["image"], np.float32)
+                lbls[i] = np.asarray(aug["label"], np.uint8)[0]
         return {
-            "image": torch.from_numpy(np.stack(imgs)),
-            "label": torch.from_numpy(np.stack(lbls)[:, None].astype(np.int64)),
+            "image": torch.from_numpy(imgs),
+            "label": torch.from_numpy(lbls[:, None].astype(np.int64)),
             "source": source,
         }

@@ -71,6 +71,10 @@ def test_glob_source_and_patterns(source, tmp_path):
     assert [f["path"] for f in m["files"]] == ["b.root"]
     m = stage(str(source), tmp_path / "dst2", tmp_path / "m2.json", patterns=["*.nii.gz"])
     assert [f["path"] for f in m["files"]] == ["imagesTr/a.nii.gz"]
+    m = stage(str(source / "imagesT[r]" / "?.nii.gz"), tmp_path / "dst3", tmp_path / "m3.json")
+    assert [f["path"] for f in m["files"]] == ["imagesTr/a.nii.gz"]
+    m = stage("file://" + str(source / "b.root"), tmp_path / "dst4", tmp_path / "m4.json")
+    assert [f["path"] for f in m["files"]] == ["b.root"]
 
 
 def test_checksum_mismatch_fails_naming_the_file_and_leaves_nothing(source, tmp_path):

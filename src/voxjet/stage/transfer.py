@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -38,29 +39,27 @@ def list_sources(
 ) -> tuple[fsspec.AbstractFileSystem, list[SourceFile]]:
     """Resolve a directory, glob or URL into the files to stage, sorted by relative path."""
     fs, root = fsspec.core.url_to_fs(source)
+    # One listing with sizes (detail=True): no per-file stat calls against remote storage.
     if _is_glob(root):
-        paths = sorted(fs.glob(root))
-        base = root.split("*")[0].rsplit("/", 1)[0]
+        listing = fs.glob(root, detail=True)
+        base = re.split(r"[*?\[]", root)[0].rsplit("/", 1)[0]
     elif fs.isdir(root):
-        paths = sorted(fs.find(root))
+        listing = fs.find(root, detail=True)
         base = root
     elif fs.isfile(root):
-        paths, base = [root], root.rsplit("/", 1)[0]
+        listing, base = {root: fs.info(root)}, root.rsplit("/", 1)[0]
     else:
         raise VoxjetError(
             f"source {source!r} does not exist: fix the dataset's source.path in the config "
             "(a directory, a glob such as /data/*.root, or a URL such as root://host//path/)"
         )
     files = []
-    for p in paths:
-        rel = str(PurePosixPath(p).relative_to(base)) if p != base else PurePosixPath(p).name
+    for p, info in sorted(listing.items()):
+        rel = str(PurePosixPath(p).relative_to(base))
         name = PurePosixPath(rel).name
-        if name.startswith(".") or not any(
-            fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in patterns
-        ):
+        if info.get("type") == "directory" or name.startswith("."):
             continue
-        info = fs.info(p)
-        if info.get("type") == "directory":
+        if not any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in patterns):
             continue
         files.append(SourceFile(url=fs.unstrip_protocol(p), relpath=rel, size=int(info["size"])))
     if not files:

@@ -33,8 +33,17 @@ def torchrun_argv(voxjet_args: list[str], nproc: int) -> list[str]:
 
 
 def exec_torchrun(gpus: int, voxjet_args: list[str], cpu_processes: int = 1) -> None:
-    """Replace this process with torchrun running `voxjet ARGS` on this node."""
+    """Replace this process with torchrun running `voxjet ARGS` on this node. On a machine
+    with GPUs and no scheduler-set CUDA_VISIBLE_DEVICES, claim free devices first."""
+    import torch
+
     nproc = processes_per_node(gpus, cpu_processes)
+    if gpus > 0 and torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        from voxjet.distributed.devices import claim_devices
+
+        devices, _ = claim_devices(nproc, torch.cuda.device_count())
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+        print(f"launch: using GPUs {devices}", file=sys.stderr, flush=True)
     argv = torchrun_argv(voxjet_args, nproc)
     print("launch:", " ".join(argv), file=sys.stderr, flush=True)
     os.execvp(argv[0], argv)

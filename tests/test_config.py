@@ -71,6 +71,14 @@ def test_missing_source_path_is_reported(demo_config, tmp_path):
     check_sources(cfg)  # an existing folder with a glob is fine even before files exist
 
 
+def test_missing_file_list_is_reported(demo_config, tmp_path):
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["source"] = {"file_list": str(tmp_path / "files.txt")}
+    check_config(cfg, SCHEMA)
+    with pytest.raises(VoxjetError, match=r"source\.file_list': .*files\.txt' does not exist"):
+        check_sources(cfg)
+
+
 def test_sweep_becomes_one_run_per_value(demo_config):
     runs = expand_runs(demo_config)
     jets = sorted(r for r, v in runs.items() if v.domain == "jets")

@@ -120,3 +120,29 @@ def test_stage_records_root_entries(tmp_path):
     assert m["files"][0]["entries"] == 20
     with pytest.raises(VoxjetError, match="no tree named 'Events'"):
         stage(str(src), tmp_path / "dst", tmp_path / "m.json", tree="Events")
+
+
+def test_file_list_mixing_paths_and_urls(source, tmp_path):
+    listing = tmp_path / "files.txt"
+    listing.write_text(
+        f"# from xrdfs ls\n{source / 'b.root'}\n\nfile://{source / 'imagesTr' / 'a.nii.gz'}\n"
+    )
+    m = stage(None, tmp_path / "dst", tmp_path / "m.json", file_list=str(listing))
+    assert [f["path"] for f in m["files"]] == ["a.nii.gz", "b.root"]
+    assert (tmp_path / "dst" / "b.root").read_bytes() == (source / "b.root").read_bytes()
+    m = stage(
+        None, tmp_path / "dst", tmp_path / "m.json", file_list=str(listing), patterns=["*.root"]
+    )
+    assert [f["path"] for f in m["files"]] == ["b.root"]
+
+
+def test_file_list_errors_name_the_list_and_entry(source, tmp_path):
+    listing = tmp_path / "files.txt"
+    (source / "sub").mkdir()
+    (source / "sub" / "b.root").write_bytes(b"x")
+    listing.write_text(f"{source / 'b.root'}\n{source / 'sub' / 'b.root'}\n")
+    with pytest.raises(VoxjetError, match=r"files\.txt: several entries share .*b\.root"):
+        stage(None, tmp_path / "dst", tmp_path / "m.json", file_list=str(listing))
+    listing.write_text(f"{source / 'nope.root'}\n")
+    with pytest.raises(VoxjetError, match=r"files\.txt: listed file .*nope\.root.* does not exist"):
+        stage(None, tmp_path / "dst", tmp_path / "m.json", file_list=str(listing))

@@ -36,6 +36,8 @@ def _synth_volumes(a: argparse.Namespace) -> None:
 def _stage(a: argparse.Namespace) -> None:
     from voxjet.stage.transfer import load_expected, stage
 
+    if not a.source and not a.file_list:
+        raise VoxjetError("stage: give --source or --file-list")
     m = stage(
         a.source,
         a.dest,
@@ -45,6 +47,7 @@ def _stage(a: argparse.Namespace) -> None:
         tree=a.tree,
         workers=a.workers,
         retries=a.retries,
+        file_list=a.file_list,
     )
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
@@ -156,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_synth_volumes)
 
     s = sub.add_parser("stage", help="copy a dataset to fast storage, verified by checksum")
-    s.add_argument("--source", required=True, help="directory, glob or fsspec URL")
+    s.add_argument("--source", default=None, help="directory, glob or fsspec URL")
+    s.add_argument("--file-list", default=None, help="text file: one path or URL a line")
     s.add_argument("--dest", required=True)
     s.add_argument("--manifest", required=True)
     s.add_argument("--pattern", nargs="+", default=["*"])

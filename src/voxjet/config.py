@@ -167,6 +167,12 @@ def check_sources(config: Mapping[str, Any]) -> None:
     """Local source paths of real datasets must exist (checked at parse time, `-n` included).
     Only the path itself is looked at: no directory scans, however many files it holds."""
     for name, ds in config.get("datasets", {}).items():
+        listing = ds.get("source", {}).get("file_list")
+        if listing and not Path(listing).is_file():
+            raise VoxjetError(
+                f"config key 'datasets.{name}.source.file_list': {listing!r} does not exist; "
+                "point it at a text file with one path or URL a line"
+            )
         path = ds.get("source", {}).get("path")
         if not path or "://" in path:
             continue

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import re
+import shlex
 
 from snakemake.exceptions import WorkflowError
 
@@ -55,16 +56,22 @@ def is_synthetic(name):
 
 
 def stage_input(wildcards):
-    """Generated datasets are made by their synth rule; real ones are read from source.path."""
-    if not is_synthetic(wildcards.dataset):
-        return []
-    return f"resources/synthetic/{wildcards.dataset}"
+    """Generated datasets come from their synth rule; a file list is an input (editing it
+    restages); a source.path is read where it lies."""
+    source = dataset_cfg(wildcards.dataset)["source"]
+    if is_synthetic(wildcards.dataset):
+        return f"resources/synthetic/{wildcards.dataset}"
+    return source.get("file_list", [])
 
 
 def stage_source(wildcards):
+    """The stage command's source arguments, shell-quoted."""
+    source = dataset_cfg(wildcards.dataset)["source"]
     if is_synthetic(wildcards.dataset):
-        return f"resources/synthetic/{wildcards.dataset}"
-    return dataset_cfg(wildcards.dataset)["source"]["path"]
+        return f"--source resources/synthetic/{wildcards.dataset}"
+    if "file_list" in source:
+        return f"--file-list {shlex.quote(source['file_list'])}"
+    return f"--source {shlex.quote(source['path'])}"
 
 
 def stage_options(wildcards):

@@ -23,5 +23,5 @@ rule stage:
     conda:
         ENV
     shell:
-        "voxjet stage --source {params.source:q} --dest {params.dest} --manifest {output}"
+        "voxjet stage {params.source} --dest {params.dest} --manifest {output}"
         " --workers {params.workers} --retries {params.retries} {params.options} > {log} 2>&1"

@@ -70,8 +70,38 @@ def list_sources(
     return fs, files
 
 
+def list_from_file(list_path: str | os.PathLike, patterns: list[str]) -> list[SourceFile]:
+    """Files named in a text file (one local path or URL a line; blank lines and # comments
+    skipped), staged flat under their file names, which must therefore be unique."""
+    path = Path(list_path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise VoxjetError(f"{path}: cannot read the file list ({e})") from e
+    urls = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    names = [PurePosixPath(u.rstrip("/")).name for u in urls]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise VoxjetError(
+            f"{path}: several entries share the file names {dupes[:5]}; files "
+            "are staged flat, so names must be unique"
+        )
+    files = []
+    for url, name in zip(urls, names, strict=True):
+        if not any(fnmatch.fnmatch(name, pat) for pat in patterns):
+            continue
+        fs, p = fsspec.core.url_to_fs(url)
+        try:
+            size = int(fs.info(p)["size"])
+        except FileNotFoundError as e:
+            raise VoxjetError(f"{path}: listed file {url!r} does not exist") from e
+        files.append(SourceFile(url=fs.unstrip_protocol(p), relpath=name, size=size))
+    if not files:
+        raise VoxjetError(f"{path}: lists no files matching {patterns}")
+    return files
+
+
 def _copy_verified(
-    fs: fsspec.AbstractFileSystem,
     src: SourceFile,
     dest: Path,
     expected: str | None,
@@ -85,7 +115,8 @@ def _copy_verified(
     for attempt in range(retries + 1):
         try:
             h = new_hasher(algorithm)
-            with fs.open(src.url, "rb") as fin, open(tmp, "wb") as fout:
+            # each URL opens with its own protocol: a file list may mix local and remote
+            with fsspec.open(src.url, "rb") as fin, open(tmp, "wb") as fout:
                 while chunk := fin.read(CHUNK):
                     h.update(chunk)
                     fout.write(chunk)
@@ -139,10 +170,15 @@ def stage(
     workers: int = 4,
     retries: int = 3,
     backoff: float = 0.5,
+    file_list: str | None = None,
 ) -> dict:
-    """Stage `source` into `dest` and write the manifest last; returns the manifest."""
+    """Stage `source` (or the files a `file_list` names) into `dest` and write the manifest
+    last; returns the manifest."""
     dest = Path(dest)
-    fs, files = list_sources(source, patterns or ["*"])
+    if file_list:
+        files = list_from_file(file_list, patterns or ["*"])
+    else:
+        _, files = list_sources(source, patterns or ["*"])
     previous = {}
     if Path(manifest_path).is_file():
         previous = {f["path"]: f for f in read_json(manifest_path).get("files", [])}
@@ -160,7 +196,7 @@ def stage(
                 got = checksum_file(str(target), algorithm)
                 digest = got if got == known else None
         if digest is None:
-            digest = _copy_verified(fs, src, target, want, retries, backoff)
+            digest = _copy_verified(src, target, want, retries, backoff)
         record = {
             "path": src.relpath,
             "source": src.url,

@@ -31,7 +31,7 @@ dryrun: venv
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -n
 
 test: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q $(TEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -241,3 +241,59 @@ def test_evaluation_refuses_foreign_or_broken_checkpoints(shards, tmp_path):
     with pytest.raises(VoxjetError, match=r"junk\.pt: not a readable voxjet checkpoint"):
         evaluate(str(shards), str(tmp_path / "junk.pt"), str(tmp_path / "e3"))
     assert not (tmp_path / "e1" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_preemption_signal_to_the_launcher_checkpoints_and_exits_124(shards, tmp_path, sig):
+    """SLURM's warning (SIGUSR1) or SIGTERM reaches the training process through voxjet launch
+    and torchrun; the job stops with a checkpoint and code 124."""
+    import time
+
+    cfg = {
+        "model": MODEL,
+        "train": _settings(steps=100000, checkpoint_every=100000, eval_every=100000),
+    }
+    cmd = [
+        str(BIN / "voxjet"),
+        "launch",
+        "--gpus",
+        "0",
+        "--",
+        "train-jets",
+        "--shards",
+        str(shards),
+        "--run-config",
+        json.dumps(cfg),
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=snakemake_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    last = tmp_path / "checkpoints" / "last.pt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline:  # the first epoch's checkpoint
+        time.sleep(0.05)
+    first = torch.load(last, weights_only=True)["step"]
+    time.sleep(1.0)
+    if sig == signal.SIGUSR1:  # as `sbatch --signal=USR1@T`: every process of the job gets it
+        _signal_tree(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, err[-2000:]
+    assert "preempted by signal" in err
+    assert torch.load(last, weights_only=True)["step"] > first  # saved on the signal
+    assert not (tmp_path / "model.pt").exists()
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Send `sig` to a process and all its descendants (what SLURM does to a job step)."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    for p in [parent, *parent.children(recursive=True)]:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass

@@ -129,12 +129,14 @@ def _aggregate(a: argparse.Namespace) -> None:
 
 
 def _launch(a: argparse.Namespace) -> None:
-    from voxjet.distributed.launch import exec_torchrun
+    from voxjet.distributed.launch import run_torchrun
 
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         raise VoxjetError("launch: give the voxjet command to run after --")
-    exec_torchrun(a.gpus, args, a.cpu_processes)
+    code = run_torchrun(a.gpus, args, a.cpu_processes)
+    if code:
+        sys.exit(code)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -103,22 +103,7 @@ def test_preempted_run_resumes_to_identical_weights(shards, tmp_path):
 def test_two_process_ddp_through_torchrun(shards, tmp_path):
     cfg = {"model": MODEL, "train": _settings(steps=20, eval_every=10, checkpoint_every=10)}
     r = subprocess.run(
-        [
-            str(BIN / "voxjet"),
-            "launch",
-            "--gpus",
-            "0",
-            "--cpu-processes",
-            "2",
-            "--",
-            "train-jets",
-            "--shards",
-            str(shards),
-            "--run-config",
-            json.dumps(cfg),
-            "--out",
-            str(tmp_path),
-        ],
+        _train_cmd(shards, tmp_path, cfg, launch=("--gpus", "0", "--cpu-processes", "2")),
         env=snakemake_env(),
         capture_output=True,
         text=True,
@@ -150,9 +135,9 @@ def test_checkpoint_of_another_configuration_is_not_resumed(shards, tmp_path):
     assert steps == [5, 10, 15, 20]
 
 
-def _train_cmd(shards, out, cfg):
-    return [
-        str(BIN / "voxjet"),
+def _train_cmd(shards, out, cfg, launch: tuple[str, ...] | None = None):
+    """`voxjet train-jets ...`, or through `voxjet launch LAUNCH -- train-jets ...`."""
+    train = [
         "train-jets",
         "--shards",
         str(shards),
@@ -161,6 +146,7 @@ def _train_cmd(shards, out, cfg):
         "--out",
         str(out),
     ]
+    return [str(BIN / "voxjet"), *(["launch", *launch, "--"] if launch is not None else []), *train]
 
 
 def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(shards, tmp_path):
@@ -253,20 +239,7 @@ def test_preemption_signal_to_the_launcher_checkpoints_and_exits_124(shards, tmp
         "model": MODEL,
         "train": _settings(steps=100000, checkpoint_every=100000, eval_every=100000),
     }
-    cmd = [
-        str(BIN / "voxjet"),
-        "launch",
-        "--gpus",
-        "0",
-        "--",
-        "train-jets",
-        "--shards",
-        str(shards),
-        "--run-config",
-        json.dumps(cfg),
-        "--out",
-        str(tmp_path),
-    ]
+    cmd = _train_cmd(shards, tmp_path, cfg, launch=("--gpus", "0"))
     proc = subprocess.Popen(
         cmd, env=snakemake_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

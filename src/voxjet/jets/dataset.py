@@ -43,8 +43,12 @@ def load_index(shard_dir: str | os.PathLike) -> dict:
     return read_json(Path(shard_dir) / "index.json")
 
 
-def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
-    """Every shard of `split` concatenated."""
+def load_columns(
+    shard_dir: str | os.PathLike,
+    split: str,
+    names: tuple[str, ...] = ("particles", "mask", "jets", "labels"),
+) -> dict[str, np.ndarray]:
+    """The named datasets of every shard of `split`, concatenated (only those are read)."""
     shard_dir = Path(shard_dir)
     index = load_index(shard_dir)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
@@ -52,7 +56,7 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
             f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
             "the dataset's val_fraction/test_fraction"
         )
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("particles", "mask", "jets", "labels")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
     for shard in index["splits"][split]["shards"]:
         path = shard_dir / shard["file"]
         try:
@@ -61,7 +65,12 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
                     parts[k].append(f[k][...])
         except (OSError, KeyError) as e:
             raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
-    cat = {k: np.concatenate(v) for k, v in parts.items()}
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
+    """Every shard of `split` concatenated, as tensors."""
+    cat = load_columns(shard_dir, split)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
         torch.from_numpy(cat["mask"]),

@@ -12,10 +12,11 @@ from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.jets.baseline import fit_mass_histograms, mass_probabilities
-from voxjet.jets.dataset import load_index, load_split
-from voxjet.jets.metrics import jet_metrics, roc_curve
+from voxjet.jets.dataset import load_columns, load_index, load_split
+from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
 from voxjet.jets.train import predict
+from voxjet.report.figures import pyplot, roc_overlay, save_figure
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -27,43 +28,8 @@ def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     return model, saved
 
 
-def _plot_roc(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    b = classes.index("QCD") if "QCD" in classes else None
-    for i, c in enumerate(classes):
-        if i == b:
-            continue
-        if b is None:
-            sel, score = np.ones(len(labels), bool), probs[:, i]
-        else:
-            sel = (labels == i) | (labels == b)
-            score = probs[sel, i] / np.maximum(probs[sel, i] + probs[sel, b], 1e-12)
-        s_eff, b_eff = roc_curve(score, labels[sel] == i)
-        ok = b_eff > 0
-        ax.plot(s_eff[ok], 1 / b_eff[ok], label=f"{c} vs {'QCD' if b is not None else 'rest'}")
-    ax.set_yscale("log")
-    ax.set_xlabel("signal efficiency ε_S")
-    ax.set_ylabel("background rejection 1/ε_B")
-    ax.set_xlim(0, 1)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
 def _plot_confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     n = len(classes)
     cm = np.zeros((n, n))
     np.add.at(cm, (labels, probs.argmax(1)), 1)
@@ -86,10 +52,7 @@ def _plot_confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: 
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     fig.colorbar(im, ax=ax, label="fraction of the true class")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str) -> None:
@@ -109,9 +72,10 @@ def mass_baseline(shard_dir: str, index: dict, test) -> np.ndarray | None:
     if "jet_sdmass" not in index["jet_features"]:
         return None
     col = index["jet_features"].index("jet_sdmass")
-    train = load_split(shard_dir, "train")
+    # the jet-level columns only: the training particles are not needed for a mass histogram
+    train = load_columns(shard_dir, "train", ("jets", "labels"))
     edges, table = fit_mass_histograms(
-        train.jets[:, col].numpy(), train.labels.numpy(), len(index["classes"])
+        train["jets"][:, col], train["labels"], len(index["classes"])
     )
     return mass_probabilities(test.jets[:, col].numpy(), edges, table)
 
@@ -140,7 +104,9 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
     if base is not None:
         bm = jet_metrics(base, labels, classes)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
-    _plot_roc(out / "roc.png", probs, labels, classes)
+    roc_overlay(
+        out / "roc.png", "ROC curves on the test split", {"this model": (probs, labels, classes)}
+    )
     _plot_confusion(out / "confusion.png", probs, labels, classes)
     write_json(out / "metrics.json", metrics)
     return metrics

@@ -41,6 +41,19 @@ def rejection_at(scores: np.ndarray, is_signal: np.ndarray, signal_eff: float) -
     return len(bkg) / max(1, int((bkg >= cut).sum()))
 
 
+def signal_vs_background(
+    probs: np.ndarray, labels: np.ndarray, signal: int, background: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(score, is_signal) for one signal class: p_s / (p_s + p_b) on jets of the two classes
+    (the ParT paper's discriminant), or p_s on all jets when there is no background class."""
+    labels = np.asarray(labels)
+    if background is None:
+        return probs[:, signal], labels == signal
+    sel = (labels == signal) | (labels == background)
+    ps, pb = probs[sel, signal], probs[sel, background]
+    return ps / np.maximum(ps + pb, 1e-12), labels[sel] == signal
+
+
 def jet_metrics(
     probs: np.ndarray, labels: np.ndarray, classes: list[str], background: str = "QCD"
 ) -> dict:
@@ -56,9 +69,7 @@ def jet_metrics(
         for i, c in enumerate(classes):
             if i == b:
                 continue
-            sel = (labels == i) | (labels == b)
-            score = probs[sel, i] / np.maximum(probs[sel, i] + probs[sel, b], 1e-12)
-            sig = labels[sel] == i
+            score, sig = signal_vs_background(probs, labels, i, b)
             per[c] = {
                 "auc": roc_auc(score, sig),
                 "rej50": rejection_at(score, sig, 0.5),

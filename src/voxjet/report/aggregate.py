@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.io.atomic import atomic_path
+from voxjet.training.logger import read_metrics
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
@@ -101,6 +102,10 @@ def train_summary(lines: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def _train_log(r: RunInfo) -> list[dict[str, Any]]:
+    return read_metrics(r.train_metrics) if Path(r.train_metrics).is_file() else []
+
+
 def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
     """Tidy rows for every run that has metrics, and the runs that have none (missing)."""
     rows, missing = [], []
@@ -110,9 +115,7 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
             continue
         metrics = json.loads(Path(r.eval_metrics).read_text())
         values = {("test", k): v for k, v in flatten_eval(metrics).items()}
-        if Path(r.train_metrics).is_file():
-            lines = [json.loads(x) for x in Path(r.train_metrics).read_text().splitlines() if x]
-            values.update({("train", k): v for k, v in train_summary(lines).items()})
+        values.update({("train", k): v for k, v in train_summary(_train_log(r)).items()})
         params = ";".join(f"{k}={v}" for k, v in sorted(r.params.items()))
         for (split, metric), value in values.items():
             rows.append(
@@ -183,11 +186,6 @@ def _rank_value(v: float | None, higher: bool) -> float:
     return v if higher else -v
 
 
-def _read_lines(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
-
-
 def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
     """Every summary figure into `fig_dir`, named <domain>-<dataset>-<kind>.png; returns names."""
     import h5py
@@ -201,7 +199,7 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
         by_ds.setdefault((r.domain, r.dataset), []).append(r)
     for (domain, ds), rs in sorted(by_ds.items()):
         metrics = {r.run: json.loads(Path(r.eval_metrics).read_text()) for r in rs}
-        logs = {r.run: _read_lines(r.train_metrics) for r in rs}
+        logs = {r.run: _train_log(r) for r in rs}
         stem = f"{domain}-{ds}"
         if domain == "jets":
             preds = {}
@@ -260,7 +258,7 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
             names.append(f"{stem}-training.png")
     rows = []
     for r in done:
-        summary = train_summary(_read_lines(r.train_metrics))
+        summary = train_summary(_train_log(r))
         rate = next((k for k in summary if k.startswith("train_") and k.endswith("_per_s")), None)
         if rate:
             unit = rate.removeprefix("train_").removesuffix("_per_s")

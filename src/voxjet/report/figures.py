@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 
 from voxjet.io.atomic import atomic_path
-from voxjet.jets.metrics import roc_curve
+from voxjet.jets.metrics import roc_curve, signal_vs_background
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on cluster nodes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,31 +27,27 @@ def _plt():
     return plt
 
 
-def _save(fig, path: str | os.PathLike) -> None:
+def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
+    """Lay out, write a PNG atomically, close."""
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    _plt().close(fig)
+        fig.savefig(tmp, format="png", dpi=dpi)
+    pyplot().close(fig)
 
 
 def roc_overlay(
     path: Path, title: str, runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]]
 ) -> None:
     """One panel a signal class: rejection 1/eps_B against signal efficiency, runs overlaid."""
-    plt = _plt()
+    plt = pyplot()
     classes = next(iter(runs.values()))[2]
     signals = [c for c in classes if c != "QCD"]
     fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
     for ax, sig in zip(axes[0], signals, strict=True):
         for run, (probs, labels, cls) in runs.items():
-            i = cls.index(sig)
-            if "QCD" in cls:
-                b = cls.index("QCD")
-                sel = (labels == i) | (labels == b)
-                score = probs[sel, i] / np.maximum(probs[sel, i] + probs[sel, b], 1e-12)
-            else:
-                sel, score = np.ones(len(labels), bool), probs[:, i]
-            eff_s, eff_b = roc_curve(score, labels[sel] == i)
+            b = cls.index("QCD") if "QCD" in cls else None
+            score, is_signal = signal_vs_background(probs, labels, cls.index(sig), b)
+            eff_s, eff_b = roc_curve(score, is_signal)
             ok = eff_b > 0
             ax.plot(eff_s[ok], 1 / eff_b[ok], label=run)
         ax.set_yscale("log")
@@ -61,7 +58,7 @@ def roc_overlay(
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def grouped_bars(
@@ -72,7 +69,7 @@ def grouped_bars(
     log: bool = False,
 ) -> None:
     """Bars grouped by category (e.g. class), one colour a run."""
-    plt = _plt()
+    plt = pyplot()
     runs = list(values)
     cats = sorted({c for v in values.values() for c in v})
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(cats) * max(1, len(runs)) / 2 + 2), 3.8))
@@ -92,14 +89,14 @@ def grouped_bars(
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y", which="both")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def dice_boxes(
     path: Path, title: str, per_run: Mapping[str, Mapping[str, Sequence[float]]]
 ) -> None:
     """Dice per case as box plots: one group a class, one box a run."""
-    plt = _plt()
+    plt = pyplot()
     runs = list(per_run)
     classes = sorted({c for v in per_run.values() for c in v})
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(classes) * len(runs)), 3.8))
@@ -119,14 +116,14 @@ def dice_boxes(
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def training_curves(
     path: Path, title: str, logs: Mapping[str, list[dict[str, Any]]], val_metric: str
 ) -> None:
     """Training loss and the validation metric against step, one line a run."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for run, lines in logs.items():
         tr = [r for r in lines if "loss" in r]
@@ -142,12 +139,12 @@ def training_curves(
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def throughput(path: Path, rows: list[tuple[str, str, float, float]]) -> None:
     """Per run: training throughput (items/s, with its unit) and the data-stall fraction."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.45 * len(rows) + 1.8))
     names = [r[0] for r in rows]
     y = np.arange(len(rows))
@@ -162,7 +159,7 @@ def throughput(path: Path, rows: list[tuple[str, str, float, float]]) -> None:
     for ax in (a, b):
         ax.grid(alpha=0.3, axis="x", which="both")
         ax.invert_yaxis()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def read_benchmarks(root: str | os.PathLike) -> list[dict[str, Any]]:
@@ -194,7 +191,7 @@ def _float(v: Any) -> float:
 
 def pipeline_cost(path: Path, bench: list[dict[str, Any]]) -> None:
     """Wall time summed over each rule's jobs, and the largest peak memory of a job of it."""
-    plt = _plt()
+    plt = pyplot()
     time, mem, jobs = defaultdict(float), defaultdict(float), defaultdict(int)
     for b in bench:
         time[b["rule"]] += b["s"]
@@ -213,4 +210,4 @@ def pipeline_cost(path: Path, bench: list[dict[str, Any]]) -> None:
     for ax in (a, b):
         ax.invert_yaxis()
         ax.grid(alpha=0.3, axis="x")
-    _save(fig, path)
+    save_figure(fig, path)

@@ -20,7 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from voxjet.distributed import checkpoint
-from voxjet.distributed.runtime import Runtime
+from voxjet.distributed.runtime import Runtime, all_reduce_mean
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 from voxjet.io.prefetch import prefetch
@@ -234,16 +234,18 @@ def train(
                 timer.step_done(n * rt.world_size)
                 bar.update(1)
                 if step % s.log_every == 0 or step == s.steps:
+                    # the loss of all ranks' batches, not rank 0's alone
+                    mean_loss = all_reduce_mean(running / count, rt)
                     rec = {
                         "step": step,
                         "epoch": epoch,
-                        "loss": running / count,
+                        "loss": mean_loss,
                         "lr": sched.get_last_lr()[0],
                         **timer.summary(),
                     }
                     rec[rate_key] = rec.pop("items_per_s")
                     log.write(rec)
-                    bar.set_postfix(loss=f"{running / count:.4f}")
+                    bar.set_postfix(loss=f"{mean_loss:.4f}")
                     running, count = 0.0, 0
                     timer.reset()
                 if (s.eval_every and step % s.eval_every == 0) or step == s.steps:

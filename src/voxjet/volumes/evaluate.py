@@ -12,6 +12,7 @@ import torch
 
 from voxjet.distributed import checkpoint
 from voxjet.io.atomic import atomic_path, read_json, write_json
+from voxjet.report.figures import pyplot, save_figure
 from voxjet.volumes.geometry import labels_to_original
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
@@ -27,10 +28,7 @@ def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
 
 
 def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(len(rows), 3, figsize=(8, 2.7 * len(rows)), squeeze=False)
     for r, (cid, image, label, pred) in enumerate(rows):
@@ -51,10 +49,7 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
                 )
             ax.set_title(f"{cid}: {title} (z={z})", fontsize=8)
             ax.axis("off")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5) -> dict:

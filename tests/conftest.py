@@ -35,12 +35,14 @@ def workflow_dir(tmp_path: Path) -> Path:
     return dest
 
 
-def run_snakemake(cwd: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """`snakemake ARGS` in `cwd`, output captured."""
+def run_snakemake(
+    cwd: Path, *args: str, timeout: int = 1200, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`snakemake ARGS` in `cwd`, output captured (`env` is the environment, when given)."""
     return subprocess.run(
         [str(BIN / "snakemake"), *args],
         cwd=cwd,
-        env=snakemake_env(),
+        env=env or snakemake_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -57,3 +59,15 @@ def write_config(path: Path, config: dict) -> Path:
 def demo_config() -> dict:
     """The demo config as a dict."""
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+@pytest.fixture
+def fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """Fake SLURM commands first on PATH: (environment for subprocesses, their state folder)."""
+    from fake_slurm import install
+
+    bin_dir, state = tmp_path / "fake-slurm-bin", tmp_path / "fake-slurm-state"
+    env = snakemake_env()
+    env.update(install(bin_dir, state))
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env, state

@@ -92,4 +92,14 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     dry = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     stats = (dry.stdout + dry.stderr).split("Job stats:")[1].split("Reasons")[0]
     assert "train_seg" in stats and "plan_volumes" not in stats and "preprocess_case" not in stats
-    assert "synth_" not in stats
+    assert "evaluate_seg" in stats and "aggregate" in stats
+    assert "synth_" not in stats and "train_jets" not in stats and "shard_jets" not in stats
+
+    # a change of the shard config reshards and retrains the jets, but does not restage
+    cfg["experiments"]["unet"]["train"].pop("lr")
+    cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 24
+    write_config(tiny, cfg)
+    dry = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
+    stats = (dry.stdout + dry.stderr).split("Job stats:")[1].split("Reasons")[0]
+    assert "shard_jets" in stats and "train_jets" in stats and "evaluate_jets" in stats
+    assert "stage" not in stats and "synth_" not in stats and "train_seg" not in stats

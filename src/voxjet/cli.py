@@ -134,7 +134,7 @@ def _launch(a: argparse.Namespace) -> None:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         raise VoxjetError("launch: give the voxjet command to run after --")
-    code = run_torchrun(a.gpus, args, a.cpu_processes)
+    code = run_torchrun(a.gpus, args, a.cpu_processes, a.nodes, a.stop_margin)
     if code:
         sys.exit(code)
 
@@ -222,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="processes on a machine without CUDA (gloo backend)",
+    )
+    s.add_argument(
+        "--nodes", type=int, default=1, help="nodes of the SLURM job: srun starts one torchrun each"
+    )
+    s.add_argument(
+        "--stop-margin",
+        type=float,
+        default=300.0,
+        help="inside a SLURM job: checkpoint and stop this many seconds before its time limit",
     )
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
     s.set_defaults(func=_launch)

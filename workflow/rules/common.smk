@@ -105,6 +105,23 @@ def run_launch(wildcards):
     return config["experiments"][RUNS[wildcards.run].experiment]["launch"]
 
 
+def launch_value(key):
+    """One key of the run's `launch:` section, as a params/resources function."""
+    return lambda wildcards: run_launch(wildcards)[key]
+
+
+def launch_gpus_total(wildcards):
+    """GPUs of the whole job (sbatch --gpus counts all nodes)."""
+    launch = run_launch(wildcards)
+    return launch["gpus"] * launch["nodes"]
+
+
+def launch_mpi(wildcards):
+    """Multi-node runs start their own `srun` (one torchrun a node), so the SLURM jobstep must
+    run the rule as it is instead of inside `srun -n1`; the plugin reads that from `mpi`."""
+    return "srun" if run_launch(wildcards)["nodes"] > 1 else ""
+
+
 def eval_targets(domain=None):
     return [f"{r.run_dir}/eval/metrics.json" for r in RUNS.values()
             if domain is None or r.domain == domain]

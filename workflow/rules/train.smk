@@ -10,7 +10,9 @@ rule train_jets:
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
     params:
         run_config=run_config,
-        gpus=lambda wildcards: run_launch(wildcards)["gpus"],
+        gpus=launch_value("gpus"),
+        nodes=launch_value("nodes"),
+        stop_margin=launch_value("stop_margin"),
         run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
     log:
         "logs/train_jets/{dataset}/{run}.log",
@@ -19,15 +21,19 @@ rule train_jets:
     wildcard_constraints:
         dataset=one_of(datasets_of("jets")),
         run=one_of([r.run_id for r in runs_of("jets")]),
-    threads: lambda wildcards: run_launch(wildcards)["threads"]
+    threads: launch_value("threads")
     resources:
-        gpu=lambda wildcards: run_launch(wildcards)["gpus"],
-        mem_mb=lambda wildcards: run_launch(wildcards)["mem_mb"],
-        runtime=lambda wildcards: run_launch(wildcards)["runtime"],
+        gpu=launch_gpus_total,
+        nodes=launch_value("nodes"),
+        tasks=launch_value("nodes"),
+        mpi=launch_mpi,
+        mem_mb=launch_value("mem_mb"),
+        runtime=launch_value("runtime"),
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus} --"
+        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
+        " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
         " train-jets --shards {input.shards} --run-config {params.run_config:q}"
         " --out {params.run_dir} > {log} 2>&1"
 
@@ -40,7 +46,9 @@ rule train_seg:
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
     params:
         run_config=run_config,
-        gpus=lambda wildcards: run_launch(wildcards)["gpus"],
+        gpus=launch_value("gpus"),
+        nodes=launch_value("nodes"),
+        stop_margin=launch_value("stop_margin"),
         run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
     log:
         "logs/train_seg/{dataset}/{run}.log",
@@ -49,14 +57,18 @@ rule train_seg:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: lambda wildcards: run_launch(wildcards)["threads"]
+    threads: launch_value("threads")
     resources:
-        gpu=lambda wildcards: run_launch(wildcards)["gpus"],
-        mem_mb=lambda wildcards: run_launch(wildcards)["mem_mb"],
-        runtime=lambda wildcards: run_launch(wildcards)["runtime"],
+        gpu=launch_gpus_total,
+        nodes=launch_value("nodes"),
+        tasks=launch_value("nodes"),
+        mpi=launch_mpi,
+        mem_mb=launch_value("mem_mb"),
+        runtime=launch_value("runtime"),
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus} --"
+        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
+        " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
         " train-seg --cases results/{wildcards.dataset}/cases --run-config {params.run_config:q}"
         " --out {params.run_dir} > {log} 2>&1"

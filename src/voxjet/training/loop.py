@@ -160,11 +160,14 @@ def train(
     )
 
     def save_last() -> None:
-        rng = [checkpoint.rng_state()]
+        # each rank's RNG state and its loss window since the last log line (a resumed run
+        # logs the same mean loss as an uninterrupted one)
+        mine = (checkpoint.rng_state(), (running, count))
+        ranks = [mine]
         if rt.distributed:
-            gathered: list[Any] = [None] * rt.world_size
-            dist.all_gather_object(gathered, rng[0])
-            rng = gathered
+            ranks = [None] * rt.world_size
+            dist.all_gather_object(ranks, mine)
+        rng, windows = [r[0] for r in ranks], [r[1] for r in ranks]
         if rt.is_main:
             checkpoint.save(
                 last_path,
@@ -173,6 +176,7 @@ def train(
                     "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(),
                     "rng": rng,
+                    "loss_window": windows,
                     "step": step,
                     "epoch": epoch,
                     "position": pos,
@@ -210,6 +214,8 @@ def train(
         mininterval=2.0,
     )
     running, count = 0.0, 0
+    if state is not None and "loss_window" in state:
+        running, count = state["loss_window"][min(rt.rank, len(state["loss_window"]) - 1)]
     try:
         while step < s.steps:
             for batch in prefetch(task.batches(epoch, pos, rt), s.prefetch):
@@ -245,7 +251,7 @@ def train(
                     }
                     rec[rate_key] = rec.pop("items_per_s")
                     log.write(rec)
-                    bar.set_postfix(loss=f"{mean_loss:.4f}")
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # keeps logs short
                     running, count = 0.0, 0
                     timer.reset()
                 if (s.eval_every and step % s.eval_every == 0) or step == s.steps:

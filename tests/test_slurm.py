@@ -1,0 +1,299 @@
+"""SLURM without SLURM: fake `sbatch`/`squeue`/`sacct`/`srun`/`scontrol` record what voxjet and
+Snakemake's SLURM plugin ask of them and run the jobs here. Multi-node launches, the stop
+before a time limit, and the whole workflow through `--executor slurm` with the slurm profile."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, run_snakemake, write_config
+from fake_slurm import calls, options
+
+from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
+from voxjet.distributed.launch import RDZV_PORT
+from voxjet.distributed.slurm import parse_slurm_duration, stop_delay_s
+from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+from voxjet.stage.transfer import stage
+from voxjet.training.logger import read_metrics
+
+MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
+TRAIN = {"batch_size": 32, "lr": 3e-3, "warmup_steps": 4, "log_every": 5, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("jets")
+    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=200), progress=False)
+    stage(str(d / "raw"), d / "staged", d / "manifest.json", patterns=["*.root"])
+    shard_jets(
+        d / "manifest.json", d / "shards", JetDataConfig(max_particles=24, jets_per_shard=300)
+    )
+    return d / "shards"
+
+
+def test_slurm_durations_and_the_stop_time():
+    assert parse_slurm_duration("1-02:03:04") == ((24 + 2) * 60 + 3) * 60 + 4
+    assert parse_slurm_duration("2:03:04") == (2 * 60 + 3) * 60 + 4
+    assert parse_slurm_duration("03:04") == 3 * 60 + 4
+    assert parse_slurm_duration("2-05") == (2 * 24 + 5) * 3600
+    assert parse_slurm_duration("UNLIMITED") is None
+    assert stop_delay_s(3600, 300) == 3300
+    assert stop_delay_s(200, 300) == 100  # a short job still trains for half its time
+
+
+def _submit(env, workdir: Path, command: str, *sbatch_args: str) -> str:
+    r = subprocess.run(
+        ["sbatch", "--parsable", "--job-name", "t", *sbatch_args, f"--wrap={command}"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return r.stdout.strip()
+
+
+def _wait(state: Path, job: str, timeout: float = 600) -> dict:
+    path = state / "jobs" / f"{job}.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = json.loads(path.read_text())
+        if info["state"] not in {"PENDING", "RUNNING"}:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} did not end within {timeout} s")
+
+
+def _launch_cmd(shards: Path, out: Path, cfg: dict, *launch: str) -> str:
+    return (
+        f"{BIN / 'voxjet'} launch --gpus 0 {' '.join(launch)} -- train-jets --shards {shards}"
+        f" --run-config '{json.dumps(cfg)}' --out {out}"
+    )
+
+
+def test_two_node_job_starts_one_torchrun_a_node_at_a_c10d_rendezvous(shards, tmp_path, fake_slurm):
+    env, state = fake_slurm
+    out = tmp_path / "run"
+    cfg = {"model": MODEL, "train": {**TRAIN, "steps": 20, "eval_every": 10}}
+    job = _submit(env, tmp_path, _launch_cmd(shards, out, cfg, "--nodes", "2"), "--nodes=2")
+    info = _wait(state, job)
+    log = Path(info["output"]).read_text()
+    assert info["exit_code"] == 0, log[-3000:]
+    # the node list came from squeue + scontrol, as the jobstep leaves no SLURM_NODELIST
+    assert ["-h", "-j", job, "-o", "%N"] in calls(state, "squeue")
+    assert ["show", "hostnames", "127.0.0.1,127.0.0.2"] in calls(state, "scontrol")
+    (srun,) = calls(state, "srun")
+    opts = options(srun)
+    assert (opts["--nodes"], opts["--ntasks"], opts["--ntasks-per-node"]) == ("2", "2", "1")
+    torchrun = srun[srun.index(next(a for a in srun if a.endswith("torchrun"))) :]
+    assert "--nnodes=2" in torchrun and "--nproc-per-node=1" in torchrun
+    assert "--rdzv-backend=c10d" in torchrun
+    assert f"--rdzv-endpoint=127.0.0.1:{RDZV_PORT + int(job) % 1000}" in torchrun
+    assert f"--rdzv-id=voxjet-{job}" in torchrun
+    model = torch.load(out / "model.pt", weights_only=True)
+    assert model["world_size"] == 2
+    digests = model["rank_param_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+
+
+def test_multi_node_outside_slurm_fails_saying_what_to_do(shards, tmp_path):
+    from conftest import snakemake_env
+
+    cmd = _launch_cmd(shards, tmp_path / "run", {"model": MODEL}, "--nodes", "2")
+    r = subprocess.run(cmd, shell=True, env=snakemake_env(), capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "needs a SLURM allocation" in r.stderr and "launch.nodes: 1" in r.stderr
+
+
+def test_training_checkpoints_and_stops_before_the_time_limit(shards, tmp_path, fake_slurm):
+    env, state = fake_slurm
+    out = tmp_path / "run"
+    cfg = {"model": MODEL, "train": {**TRAIN, "steps": 10**6, "checkpoint_every": 10**6}}
+    # a 20 s limit and a 15 s margin: the launcher stops training after max(5, 10) s
+    job = _submit(env, tmp_path, _launch_cmd(shards, out, cfg, "--stop-margin", "15"), "-t", "0:20")
+    info = _wait(state, job)
+    log = Path(info["output"]).read_text()
+    assert info["exit_code"] == PREEMPTED_EXIT_CODE, log[-3000:]
+    # half of the time left (about 10 of 20 s), as the margin is most of the limit
+    m = re.search(rf"SLURM job {job} has (\d+) s left; checkpointing and stopping in (\d+) s", log)
+    assert m and 0 < int(m[2]) <= 10 and abs(int(m[2]) - int(m[1]) / 2) <= 1
+    assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] > 0
+    assert not (out / "model.pt").exists()
+
+
+TINY = {
+    "datasets": {
+        "toy_jets": {
+            "source": {"synthetic": {"files_per_class": 1, "jets_per_file": 300}},
+            "jets": {"max_particles": 24, "jets_per_shard": 400},
+        },
+        "toy_ct": {
+            "source": {"synthetic": {"train_cases": 5, "test_cases": 1}},
+            "volumes": {"patch_size": [32, 32, 16]},
+        },
+    },
+    "experiments": {
+        "pfn": {
+            "model": {"phi_sizes": [16, 16], "f_sizes": [16]},
+            "train": {"steps": 60, "eval_every": 30, "lr": 0.003},
+            "launch": {"threads": 1, "runtime": 30, "mem_mb": 3000},
+        },
+        "pfn-2node": {
+            "dataset": "toy_jets",
+            "model": {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]},
+            "train": {"steps": 40, "eval_every": 20, "batch_size": 64},
+            "launch": {"gpus": 2, "nodes": 2, "threads": 1, "runtime": 45, "mem_mb": 6000},
+        },
+        "unet": {
+            "model": {"channels": [8, 16, 32]},
+            "train": {"steps": 40, "eval_every": 20, "iterations_per_epoch": 20},
+            "launch": {"threads": 1},
+        },
+    },
+}
+# experiments of the demo config that this run leaves out
+DROPPED = ("particlenet", "part")
+SPEEDY = ["--slurm-init-seconds-before-status-checks=1", "--jobs=2", "--retries=1"]
+
+
+@pytest.mark.slow
+def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm):
+    env, state = fake_slurm
+    cfg = yaml_config(workflow_dir)
+    r = run_snakemake(
+        workflow_dir,
+        "--workflow-profile",
+        "workflow/profiles/slurm",
+        "--configfile",
+        str(cfg),
+        *SPEEDY,
+        env=env,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    submitted = {}
+    for argv in calls(state, "sbatch"):
+        opts = options(argv)
+        submitted.setdefault(opts["--comment"].split("_wildcards_")[0], []).append(opts)
+    rules = {"rule_" + r for r in ("synth_jets", "stage", "shard_jets", "train_jets", "aggregate")}
+    assert rules <= submitted.keys()
+    for rule, jobs in submitted.items():
+        for opts in jobs:
+            assert opts["--account"] == "my_account" and "--time" in opts and "--mem" in opts
+            if rule in {"rule_train_jets", "rule_train_seg", "rule_evaluate_seg"}:
+                assert opts["--partition"] == "gpu" and opts["--cpus-per-gpu"] == "8"
+                assert "--cpus-per-task" not in opts
+            else:
+                assert opts["--partition"] == "cpu" and "--gpus" not in opts
+                assert "--cpus-per-task" in opts
+    train = {o["--comment"].split("toy_jets_")[-1]: o for o in submitted["rule_train_jets"]}
+    one, two = train["pfn"], train["pfn-2node"]
+    assert (one["--gpus"], one["--time"], one["--mem"]) == ("a100:1", "30", "3000")
+    assert one["--nodes"] == "1" and "--ntasks" not in one
+    assert (two["--gpus"], two["--nodes"], two["--ntasks"]) == ("a100:4", "2", "2")
+    assert (two["--time"], two["--mem"]) == ("45", "6000")
+    seg = submitted["rule_train_seg"][0]
+    assert seg["--gpus"] == "a100:1" and seg["--partition"] == "gpu"
+    # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun
+    multi = [a for a in calls(state, "srun") if any("--nnodes=2" in x for x in a)]
+    assert len(multi) == 1 and options(multi[0])["--nodes"] == "2"
+    runs = workflow_dir / "results" / "toy_jets" / "runs"
+    assert torch.load(runs / "pfn-2node" / "model.pt", weights_only=True)["world_size"] == 2
+    summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
+    assert "| pfn-2node" in summary and "| unet" in summary
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def yaml_config(workflow_dir: Path) -> Path:
+    """The demo config shrunk (an overlay through --configfile would merge the dropped runs
+    back in, so the copy's config.yaml is rewritten)."""
+    import yaml
+
+    path = workflow_dir / "config" / "config.yaml"
+    demo = yaml.safe_load(path.read_text())
+    for name in DROPPED:
+        demo["experiments"].pop(name)
+    demo["experiments"]["pfn"].pop("sweep")
+    write_config(path, _merge(demo, TINY))
+    return path
+
+
+@pytest.mark.slow
+def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
+    workflow_dir, fake_slurm
+):
+    """SIGTERM to every process of a running training job (what SLURM does on preemption or
+    scancel): the job checkpoints, Snakemake's retry resubmits it, and it resumes from the
+    checkpoint to the same metrics as an identical run that was never interrupted."""
+    import yaml
+
+    env, state = fake_slurm
+    path = workflow_dir / "config" / "config.yaml"
+    demo = yaml.safe_load(path.read_text())
+    demo["datasets"] = {
+        "toy_jets": _merge(demo["datasets"]["toy_jets"], TINY["datasets"]["toy_jets"])
+    }
+    exp = {
+        "dataset": "toy_jets",
+        "model": {"name": "pfn", "phi_sizes": [32, 32], "f_sizes": [32]},
+        "train": {"steps": 4000, "eval_every": 1000, "checkpoint_every": 1000, "lr": 0.003},
+        "launch": {"threads": 1, "runtime": 30},
+    }
+    demo["experiments"] = {"pfn-a": exp, "pfn-b": exp}
+    write_config(path, demo)
+    runs = workflow_dir / "results" / "toy_jets" / "runs"
+    targets = [f"results/toy_jets/runs/{r}/model.pt" for r in ("pfn-a", "pfn-b")]
+    proc = subprocess.Popen(
+        [
+            str(BIN / "snakemake"),
+            "--workflow-profile",
+            "workflow/profiles/slurm",
+            *SPEEDY,
+            *targets,
+        ],
+        cwd=workflow_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    last = runs / "pfn-a" / "checkpoints" / "last.pt"
+    deadline = time.time() + 600
+    while not last.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert last.exists(), "training never wrote its first checkpoint"
+    (job,) = [
+        j["id"]
+        for j in map(json.loads, (p.read_text() for p in (state / "jobs").glob("*.json")))
+        if "pfn-a" in j["script"] and "train_jets" in j["script"]
+    ]
+    subprocess.run(["scancel", job], env=env, check=True)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-5000:]
+    cancelled = json.loads((state / "jobs" / f"{job}.json").read_text())
+    assert cancelled["state"] == "CANCELLED"
+    log = (workflow_dir / "logs" / "train_jets" / "toy_jets" / "pfn-a.log").read_text()
+    resumed = re.search(r"resumed from .*last\.pt at step (\d+)", log)
+    assert resumed and 0 < int(resumed[1]) < 4000, log[-3000:]
+    a, b = (
+        [
+            {k: v for k, v in r.items() if k not in {"time", "jets_per_s", "data_wait_fraction"}}
+            for r in read_metrics(runs / name / "metrics.jsonl")
+        ]
+        for name in ("pfn-a", "pfn-b")
+    )
+    steps = [r["step"] for r in a if "loss" in r]
+    assert steps == sorted(set(steps))  # nothing logged twice across the resume
+    assert a == b

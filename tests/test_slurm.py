@@ -198,6 +198,9 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm):
     assert one["--nodes"] == "1" and "--ntasks" not in one
     assert (two["--gpus"], two["--nodes"], two["--ntasks"]) == ("a100:4", "2", "2")
     assert (two["--time"], two["--mem"]) == ("45", "6000")
+    # the 5 per-case preprocessing jobs went as one grouped submission, not 5
+    assert "rule_preprocess_case" not in submitted
+    (group,) = [o for o in sum(submitted.values(), []) if "group_preprocess" in o["--output"]]
     seg = submitted["rule_train_seg"][0]
     assert seg["--gpus"] == "a100:1" and seg["--partition"] == "gpu"
     # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun

@@ -39,6 +39,9 @@ rule preprocess_case:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         case="[A-Za-z0-9_.+-]+",
+    # on a cluster, `--group-components preprocess=N` (the slurm profile) runs N cases a job
+    group:
+        "preprocess"
     threads: 1
     resources:
         mem_mb=8000,

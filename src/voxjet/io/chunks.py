@@ -58,22 +58,24 @@ class ChunkedArray:
         """The box [lo, hi) (within the array's bounds), into `out` when given (no extra copy)."""
         if out is None:
             out = np.empty(tuple(b - a for a, b in zip(lo, hi, strict=True)), self.dtype)
-        ranges = [
-            range(a // c, (b - 1) // c + 1) if b > a else range(0)
-            for a, b, c in zip(lo, hi, self.chunks, strict=True)
-        ]
-        for idx in itertools.product(*ranges):
-            c_lo = [i * c for i, c in zip(idx, self.chunks, strict=True)]
-            c_hi = [min(a + c, s) for a, c, s in zip(c_lo, self.chunks, self.shape, strict=True)]
-            chunk = self.cache.get(
-                (self.key, idx),
-                lambda c_lo=c_lo, c_hi=c_hi: self.dset[
-                    tuple(slice(a, b) for a, b in zip(c_lo, c_hi, strict=True))
-                ],
-            )
-            a = [max(x, y) for x, y in zip(lo, c_lo, strict=True)]
-            b = [min(x, y) for x, y in zip(hi, c_hi, strict=True)]
-            out[tuple(slice(p - q, r - q) for p, q, r in zip(a, lo, b, strict=True))] = chunk[
-                tuple(slice(p - q, r - q) for p, q, r in zip(a, c_lo, b, strict=True))
-            ]
+        # per axis, once: the chunks the box crosses, and which part of each goes where
+        axes = []
+        for a, b, c in zip(lo, hi, self.chunks, strict=True):
+            segments = []
+            for i in range(a // c, (b - 1) // c + 1) if b > a else ():
+                start, stop = max(a, i * c), min(b, (i + 1) * c)
+                segments.append((i, slice(start - i * c, stop - i * c), slice(start - a, stop - a)))
+            axes.append(segments)
+        for combo in itertools.product(*axes):
+            idx = tuple(seg[0] for seg in combo)
+            chunk = self.cache.get((self.key, idx), lambda idx=idx: self._decode(idx))
+            out[tuple(seg[2] for seg in combo)] = chunk[tuple(seg[1] for seg in combo)]
         return out
+
+    def _decode(self, idx: tuple[int, ...]) -> np.ndarray:
+        return self.dset[
+            tuple(
+                slice(i * c, min((i + 1) * c, s))
+                for i, c, s in zip(idx, self.chunks, self.shape, strict=True)
+            )
+        ]

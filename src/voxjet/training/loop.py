@@ -47,6 +47,9 @@ class TrainSettings:
     scale_lr_with_world: bool = True
     prefetch: int = 2
     seed: int = 0
+    pipeline_stages: int = 1
+    microbatches: int = 4
+    pipeline_schedule: str = "1f1b"
 
 
 class Task(Protocol):
@@ -110,6 +113,23 @@ def _any_rank(flag: bool, rt: Runtime) -> bool:
     return bool(t.item())
 
 
+def _pipeline(task, model: nn.Module, s: TrainSettings, rt: Runtime):
+    """(PipelineParallel or None, the runtime the data loader sees)."""
+    if s.pipeline_stages <= 1:
+        return None, rt
+    if not hasattr(task, "pipeline_stages"):
+        raise VoxjetError(
+            f"train.pipeline_stages={s.pipeline_stages}: only segmentation U-Nets are cut into "
+            "pipeline stages; use 1 (data parallel) for this model"
+        )
+    from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
+
+    cfg = PipelineConfig(s.pipeline_stages, s.microbatches, s.pipeline_schedule)
+    modules, loss_fn = task.pipeline_stages(model, s.pipeline_stages)
+    pipe = PipelineParallel(modules, cfg, rt, loss_fn)
+    return pipe, pipe.data_runtime(rt)
+
+
 def train(
     task: Task, s: TrainSettings, run_dir: str | Path, rt: Runtime, rate_key: str = "items_per_s"
 ) -> dict[str, Any]:
@@ -120,7 +140,8 @@ def train(
     log = MetricsLog(ckpt_dir / "metrics.jsonl", enabled=rt.is_main)
     torch.manual_seed(s.seed)
     model = task.build_model().to(rt.device)
-    lr = s.lr * (rt.world_size if s.scale_lr_with_world else 1)
+    # the data-parallel degree: K pipeline stages share one batch
+    lr = s.lr * (rt.world_size // max(1, s.pipeline_stages) if s.scale_lr_with_world else 1)
     opt = _optimizer(model.parameters(), s, lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: multiplier(s.schedule, step, s.steps, s.warmup_steps)
@@ -151,11 +172,12 @@ def train(
         log.truncate_after(step)
         if rt.is_main:
             print(f"resumed from {last_path} at step {step}", file=sys.stderr)
+    pipe, data_rt = _pipeline(task, model, s, rt)
     ddp = (
         torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None
         )
-        if rt.distributed
+        if rt.distributed and pipe is None
         else model
     )
 
@@ -218,26 +240,33 @@ def train(
         running, count = state["loss_window"][min(rt.rank, len(state["loss_window"]) - 1)]
     try:
         while step < s.steps:
-            for batch in prefetch(task.batches(epoch, pos, rt), s.prefetch):
+            for batch in prefetch(task.batches(epoch, pos, data_rt), s.prefetch):
                 timer.data_ready()
                 ddp.train()
+                opt.zero_grad(set_to_none=True)
                 with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():
-                    loss, n = task.loss(ddp, batch, rt.device)
+                    if pipe is None:
+                        loss, n = task.loss(ddp, batch, rt.device)
+                    else:  # forward and backward happen inside the pipeline schedule
+                        inputs, target = task.pipeline_batch(batch, rt.device)
+                        loss, n = pipe.step(inputs, target), len(inputs)
                 if not torch.isfinite(loss.detach()):
                     raise VoxjetError(
                         f"non-finite loss ({float(loss.detach())}) at step {step + 1} "
                         f"(epoch {epoch}, batch {pos}) from {task.describe(batch)}; lower "
                         "train.lr or check these inputs for NaN/inf"
                     )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                if pipe is None:
+                    loss.backward()
+                else:
+                    pipe.reduce_grads(model.parameters())
                 if s.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
                 opt.step()
                 sched.step()
                 step, pos = step + 1, pos + 1
                 running, count = running + float(loss.detach()), count + 1
-                timer.step_done(n * rt.world_size)
+                timer.step_done(n * data_rt.world_size)
                 bar.update(1)
                 if step % s.log_every == 0 or step == s.steps:
                     # the loss of all ranks' batches, not rank 0's alone

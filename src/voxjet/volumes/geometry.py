@@ -49,24 +49,95 @@ def zoom_to(arr: np.ndarray, shape: tuple[int, ...], order: int) -> np.ndarray:
     return out.reshape(*lead, *shape).numpy().astype(arr.dtype, copy=False)
 
 
+def _linear_taps(n_in: int, n_out: int):
+    """Per output index along one axis: the two source indices and the weight of the second
+    (torch's trilinear rule with align_corners=False)."""
+    import torch
+
+    x = ((torch.arange(n_out, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5).clamp(min=0)
+    i0 = x.floor().long().clamp(max=n_in - 1)
+    i1 = (i0 + 1).clamp(max=n_in - 1)
+    return i0, i1, (x - i0).float()
+
+
+def _interp_box(ind, taps, out_box, src_lo):
+    """Separable linear interpolation of `ind` (a source block starting at `src_lo`) onto the
+    output block `out_box`."""
+    import torch
+
+    for axis in range(3):
+        i0, i1, w = (t[out_box[axis][0] : out_box[axis][1]] for t in taps[axis])
+        a = ind.index_select(axis, i0 - src_lo[axis])
+        b = ind.index_select(axis, i1 - src_lo[axis])
+        shape = [1, 1, 1]
+        shape[axis] = -1
+        w = w.reshape(shape)
+        ind = torch.lerp(a, b, w)
+    return ind
+
+
+def _extent(mask) -> list[tuple[int, int]] | None:
+    """[start, stop) of the True voxels along each axis of a 3-D mask, or None if none."""
+    import torch
+
+    m01 = mask.any(2)
+    hits = [m01.any(1), m01.any(0), mask.any(1).any(0)]
+    idx = [torch.nonzero(h).flatten() for h in hits]
+    if any(len(i) == 0 for i in idx):
+        return None
+    return [(int(i[0]), int(i[-1]) + 1) for i in idx]
+
+
 def zoom_labels(label: np.ndarray, shape: tuple[int, ...], n_classes: int) -> np.ndarray:
     """Labels resampled by interpolating each class's indicator linearly and taking the
-    arg-max (smoother than nearest neighbour, as nnU-Net does)."""
+    arg-max (smoother than nearest neighbour, as nnU-Net does).
+
+    Only the bounding box of each foreground class is interpolated (an organ is a small part
+    of a CT), and the background's indicator is one minus the sum of the others (linear
+    interpolation is linear), so the work scales with the foreground, not the volume."""
     import torch
-    import torch.nn.functional as F
 
     shape = tuple(int(s) for s in shape)
     if tuple(label.shape) == shape:
         return label
-    # one class at a time: a running maximum is much faster than argmax over a class axis
-    src = torch.from_numpy(label.astype(np.int64))[None, None]
-    best = torch.full((1, 1, *shape), -1.0)
+    src = torch.from_numpy(np.ascontiguousarray(label))
+    taps = [_linear_taps(n, m) for n, m in zip(label.shape, shape, strict=True)]
     out = torch.zeros(shape, dtype=torch.uint8)
-    for c in range(n_classes):
-        p = F.interpolate((src == c).float(), size=shape, mode="trilinear", align_corners=False)
-        take = p > best
-        best = torch.where(take, p, best)
-        out[take[0, 0]] = c
+    fg = _extent(src != 0)
+    if fg is None:
+        return out.numpy()
+    sub = src[tuple(slice(a, b) for a, b in fg)]
+    blocks = []
+    for c in range(1, n_classes):
+        ext = _extent(sub == c)
+        if ext is None:
+            continue
+        out_box, src_lo, src_hi = [], [], []
+        for axis, (a, b) in enumerate(ext):
+            a, b = a + fg[axis][0], b + fg[axis][0]
+            i0, i1, _ = taps[axis]
+            # output voxels whose two taps touch the class's source range [a, b)
+            lo = int(torch.searchsorted(i1, a))
+            hi = int(torch.searchsorted(i0, b - 1, right=True))
+            out_box.append((lo, hi))
+            src_lo.append(int(i0[lo]))
+            src_hi.append(int(i1[hi - 1]) + 1)
+        block = (src[tuple(slice(a, b) for a, b in zip(src_lo, src_hi, strict=True))] == c).float()
+        blocks.append((c, out_box, _interp_box(block, taps, out_box, src_lo)))
+    union = [(min(b[1][k][0] for b in blocks), max(b[1][k][1] for b in blocks)) for k in range(3)]
+    size = [b - a for a, b in union]
+    best = torch.zeros(size)  # highest foreground class probability so far
+    fg_sum = torch.zeros(size)
+    winner = torch.zeros(size, dtype=torch.uint8)
+    for c, out_box, p in blocks:
+        region = tuple(slice(a - u, b - u) for (a, b), (u, _) in zip(out_box, union, strict=True))
+        take = p > best[region]
+        best[region] = torch.where(take, p, best[region])
+        winner[region][take] = c
+        fg_sum[region] += p
+    # background wins ties, as an arg-max over (background, classes...) would
+    winner[(1.0 - fg_sum) >= best] = 0
+    out[tuple(slice(a, b) for a, b in union)] = winner
     return out.numpy()
 
 

@@ -72,6 +72,23 @@ def _array(img: nib.Nifti1Image, path: Path, dtype) -> np.ndarray:
         raise VoxjetError(f"{path}: NIfTI data cannot be read ({e}); re-stage the file") from e
 
 
+def _label_array(lbl: nib.Nifti1Image, path: Path) -> np.ndarray:
+    """The label map as stored when that is an unscaled integer type (no float copy of the
+    volume), else read as float and checked to hold integers."""
+    dtype = lbl.get_data_dtype()
+    slope, inter = lbl.dataobj.slope, lbl.dataobj.inter
+    if np.issubdtype(dtype, np.integer) and slope in (1, None) and inter in (0, None):
+        data = _array(lbl, path, dtype)
+        if np.issubdtype(dtype, np.signedinteger) and data.min() < 0:
+            raise VoxjetError(f"{path}: label values must be non-negative integers")
+        return data if data.dtype.itemsize == 1 else data.astype(np.int64)
+    data = _array(lbl, path, np.float32)
+    as_int = data.astype(np.int64)
+    if (as_int != data).any() or as_int.min() < 0:
+        raise VoxjetError(f"{path}: label values must be non-negative integers")
+    return as_int
+
+
 def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
     """Load a case and check it: 3-D (or 4-D, channels last) image, a 3-D label on the same
     grid and affine, finite intensities, declared label values, some foreground."""
@@ -99,10 +116,7 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
             f"{ipath}: {int((~np.isfinite(data)).sum())} NaN/inf voxels; fix the "
             "image or drop case " + case.case_id
         )
-    label = _array(lbl, lpath, np.float32)
-    as_int = label.astype(np.int64)
-    if (as_int != label).any() or as_int.min() < 0:
-        raise VoxjetError(f"{lpath}: label values must be non-negative integers")
+    as_int = _label_array(lbl, lpath)
     counts = np.bincount(as_int.ravel())  # a histogram, not a sort of every voxel
     values = np.flatnonzero(counts)
     bad = sorted(set(values.tolist()) - set(ds.labels))
@@ -116,8 +130,8 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
     image = to_ras(data if data.ndim == 4 else data[..., None], img.affine)
     return LoadedCase(
         case.case_id,
-        np.moveaxis(image, -1, 0).astype(np.float32),
-        to_ras(label, img.affine).astype(np.uint8),
+        np.moveaxis(image, -1, 0),  # a view: resampling makes the one contiguous copy
+        to_ras(as_int, img.affine).astype(np.uint8, copy=False),
         img.affine,
         ras_spacing(img.affine),
     )
@@ -292,10 +306,11 @@ def preprocess_case(
         for cls in sorted(ds.labels):
             if cls == 0:
                 continue
-            coords = np.argwhere(label == cls).astype(np.int32)
-            counts[int(cls)] = int(len(coords))
-            if len(coords) > cfg.foreground_samples:
-                coords = coords[rng.choice(len(coords), cfg.foreground_samples, replace=False)]
+            flat = np.flatnonzero(label == cls)  # flat indices: a third of argwhere's work
+            counts[int(cls)] = int(len(flat))
+            if len(flat) > cfg.foreground_samples:
+                flat = flat[rng.choice(len(flat), cfg.foreground_samples, replace=False)]
+            coords = np.stack(np.unravel_index(flat, label.shape), axis=1).astype(np.int32)
             f.create_dataset(f"foreground/{cls}", data=coords)
         f.attrs.update(
             {

@@ -82,6 +82,18 @@ class SegTask:
         out = model(batch["image"].to(device))
         return self.loss_fn(out.float(), batch["label"].to(device)), len(batch["image"])
 
+    def pipeline_stages(self, model: nn.Module, k: int):
+        """The U-Net cut into k stages balanced for the plan's patch, and the loss the last
+        stage applies to each micro-batch."""
+        from voxjet.volumes.unet_stages import split_unet
+
+        stages = split_unet(model, k, self.model_cfg["in_channels"], self.plan["patch_size"])
+        return stages, lambda out, target: self.loss_fn(out.float(), target)
+
+    def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input patches, label patches) on the device, for the pipeline schedule."""
+        return batch["image"].to(device), batch["label"].to(device)
+
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         n = self.plan["num_classes"]
         dices = {c: [] for c in range(1, n)}

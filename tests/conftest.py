@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,17 @@ def run_snakemake(
         text=True,
         timeout=timeout,
     )
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a snakemake run or dry run: {rule: jobs}."""
+    assert "Job stats:" in output, output[-3000:]
+    table = output.split("Job stats:")[1]
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+        if m.group(1) != "total"
+    }
 
 
 def write_config(path: Path, config: dict) -> Path:

@@ -84,7 +84,7 @@ def test_sweep_becomes_one_run_per_value(demo_config):
     jets = sorted(r for r, v in runs.items() if v.domain == "jets")
     assert jets == ["part", "particlenet", "pfn_lr-0.001", "pfn_lr-0.003"]
     assert {runs[r].config["train"]["lr"] for r in jets if r.startswith("pfn")} == {0.001, 0.003}
-    assert runs["unet"].params == {}
+    assert runs["unet_lr-0.003"].params == {"train.lr": 0.003}
     # the experiment's own values stay unchanged by the sweep
     assert demo_config["experiments"]["pfn"]["train"]["lr"] == 0.002
 

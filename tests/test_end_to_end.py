@@ -9,7 +9,7 @@ import json
 
 import pytest
 import yaml
-from conftest import run_snakemake, write_config
+from conftest import job_counts, run_snakemake, write_config
 
 TINY = {
     "datasets": {
@@ -39,12 +39,19 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     r = run_snakemake(workflow_dir, "--cores", "2", "--configfile", str(tiny))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
-    for run in ("pfn_lr-0.001", "pfn_lr-0.003", "particlenet", "part", "unet"):
+    for run in (
+        "pfn_lr-0.001",
+        "pfn_lr-0.003",
+        "particlenet",
+        "part",
+        "unet_lr-0.001",
+        "unet_lr-0.003",
+    ):
         assert f"| {run}" in summary
     rows = list(csv.DictReader(open(workflow_dir / "results" / "summary" / "metrics.csv")))
     val = {(r["run"], r["metric"]): float(r["value"]) for r in rows if r["split"] == "test"}
     assert val[("pfn_lr-0.003", "auc_macro")] > 0.75
-    assert val[("unet", "dice_organ")] > 0.3
+    assert val[("unet_lr-0.003", "dice_organ")] > 0.3
     for run in ("pfn_lr-0.001", "pfn_lr-0.003", "particlenet", "part"):
         m = json.loads(
             (
@@ -58,8 +65,8 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     # every rule left a log and a benchmark
     # 19 jobs before the planning checkpoint, one preprocess_case job for each of the 7 cases
     assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 18 + 7
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 18 + 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 20 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 20 + 7
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
@@ -72,16 +79,17 @@ def test_demo_pipeline_end_to_end(workflow_dir):
 
     # a change of a training setting reruns that experiment's runs, not the data stages
     cfg = yaml.safe_load(tiny.read_text())
-    cfg["experiments"]["unet"]["train"]["lr"] = 0.002
+    cfg["experiments"]["unet"]["train"]["weight_decay"] = 0.001
     write_config(tiny, cfg)
-    jobs = job_counts(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny)))
+    jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
     assert set(jobs) - {"all"} == {"train_seg", "evaluate_seg", "aggregate"}, jobs
+    assert jobs["train_seg"] == 2  # both runs of the unet sweep
 
     # a change of the shard config reshards and retrains the jets, but does not restage
-    cfg["experiments"]["unet"]["train"].pop("lr")
+    cfg["experiments"]["unet"]["train"].pop("weight_decay")
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 24
     write_config(tiny, cfg)
-    jobs = job_counts(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny)))
+    jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
     assert set(jobs) - {"all"} == {"shard_jets", "train_jets", "evaluate_jets", "aggregate"}, jobs
     assert jobs["train_jets"] == 4
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 32  # back to what was run
@@ -100,17 +108,8 @@ def test_demo_pipeline_end_to_end(workflow_dir):
         "shard_jets",
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert set(job_counts(rerun)) == {"shard_jets"}
+    assert set(job_counts(_out(rerun))) == {"shard_jets"}
 
 
-def job_counts(result) -> dict[str, int]:
-    """The "Job stats" table of a snakemake run or dry run: {rule: jobs}."""
-    text = result.stdout + result.stderr
-    assert "Job stats:" in text, text[-3000:]
-    counts = {}
-    for line in text.split("Job stats:")[1].splitlines()[3:]:
-        parts = line.split()
-        if len(parts) != 2 or parts[0] == "total":
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
+def _out(result) -> str:
+    return result.stdout + result.stderr

@@ -3,10 +3,8 @@ errors that stop before any job, and the example configs for real datasets."""
 
 from __future__ import annotations
 
-import re
-
 import yaml
-from conftest import REPO, run_snakemake, write_config
+from conftest import REPO, job_counts, run_snakemake, write_config
 
 # One preprocess_case job a case joins once plan_volumes (a checkpoint) has read dataset.json.
 DEMO_JOBS = {
@@ -17,22 +15,12 @@ DEMO_JOBS = {
     "plan_volumes": 1,
     "gather_cases": 1,
     "train_jets": 4,
-    "train_seg": 1,
+    "train_seg": 2,
     "evaluate_jets": 4,
-    "evaluate_seg": 1,
+    "evaluate_seg": 2,
     "aggregate": 1,
     "all": 1,
 }
-
-
-def job_counts(stdout: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run."""
-    table = stdout.split("Job stats:")[1]
-    return {
-        m.group(1): int(m.group(2))
-        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
-        if m.group(1) != "total"
-    }
 
 
 def test_dry_run_lists_every_demo_job(workflow_dir):
@@ -46,7 +34,7 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir):
     assert r.returncode == 0, r.stderr + r.stdout
     blocks = r.stdout.split("\nrule ")
     train = [b for b in blocks if b.startswith("train_")]
-    assert len(train) == 5
+    assert len(train) == 6
     for b in train:
         assert "gpu=1" in b and "slurm_partition=gpu" in b and "torchrun" not in b
         assert "voxjet launch --gpus 1" in b

@@ -110,7 +110,7 @@ def _evaluate_jets(a: argparse.Namespace) -> None:
 def _evaluate_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.evaluate import evaluate
 
-    m = evaluate(a.cases, a.model, a.out)
+    m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror)
     print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
 
 
@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(data_arg, required=True)
         s.add_argument("--model", required=True)
         s.add_argument("--out", required=True)
+        if name == "evaluate-seg":
+            s.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
+            s.add_argument("--mirror", action="store_true", help="average all 8 axis flips")
         s.set_defaults(func=func)
 
     s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")

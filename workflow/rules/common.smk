@@ -105,6 +105,10 @@ def run_launch(wildcards):
     return config["experiments"][RUNS[wildcards.run].experiment]["launch"]
 
 
+def run_evaluate(wildcards):
+    return config["experiments"][RUNS[wildcards.run].experiment]["evaluate"]
+
+
 def launch_value(key):
     """One key of the run's `launch:` section, as a params/resources function."""
     return lambda wildcards: run_launch(wildcards)[key]

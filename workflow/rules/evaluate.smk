@@ -57,6 +57,8 @@ rule evaluate_seg:
         ),
     params:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
+        overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
+        mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
     log:
         "logs/evaluate_seg/{dataset}/{run}.log",
     benchmark:
@@ -72,4 +74,4 @@ rule evaluate_seg:
         ENV
     shell:
         "voxjet evaluate-seg --cases results/{wildcards.dataset}/cases --model {input.model}"
-        " --out {params.out} > {log} 2>&1"
+        " --overlap {params.overlap} {params.mirror} --out {params.out} > {log} 2>&1"

@@ -52,7 +52,9 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
     save_figure(fig, path, dpi=100)
 
 
-def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5) -> dict:
+def evaluate(
+    cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5, mirror: bool = False
+) -> dict:
     """Score the test cases; write metrics.json (per case and mean per class), overlays.png
     and each prediction as NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
     out = Path(out_dir)
@@ -62,6 +64,8 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
     cases = split["test"] or split["val"]
     store = CaseStore(cases_dir, cases)
     model, saved = load_trained(model_path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
     n = plan["num_classes"]
     names = {int(k): v for k, v in plan["labels"].items()}
     per_case, rows = {}, []
@@ -69,7 +73,7 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
     for cid in cases:
         f = store.file(cid)
         image, label = read_case_arrays(f)
-        pred = predict_case(model, image, plan["patch_size"], torch.device("cpu"), overlap)
+        pred = predict_case(model, image, plan["patch_size"], device, overlap, mirror=mirror)
         # Back through resampling, crop and reorientation: the prediction overlays the original.
         original = labels_to_original(pred, f.attrs, n)
         nifti = nib.Nifti1Image(original, np.asarray(f.attrs["original_affine"]))
@@ -103,6 +107,7 @@ def evaluate(cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5
         "per_class": mean,
         "per_case": per_case,
         "best_step": saved["best_step"],
+        "inference": {"overlap": overlap, "mirror": mirror, "patch_size": plan["patch_size"]},
     }
     if rows:
         _plot_overlays(out / "overlays.png", rows)

@@ -19,20 +19,35 @@ def predict_case(
     device: torch.device,
     overlap: float = 0.5,
     sw_batch_size: int = 2,
+    mirror: bool = False,
 ) -> np.ndarray:
-    """Class map [X, Y, Z] of one preprocessed image [C, X, Y, Z]."""
+    """Class map [X, Y, Z] of one preprocessed image [C, X, Y, Z]: MONAI's sliding window with
+    Gaussian weighting; with `mirror`, the softmax averaged over all 8 axis flips (nnU-Net's
+    test-time mirroring)."""
+    import itertools
+
     model.eval()
-    x = torch.from_numpy(image[None]).to(device)
-    logits = sliding_window_inference(
-        x,
-        roi_size=patch_size,
-        sw_batch_size=sw_batch_size,
-        predictor=model,
-        overlap=overlap,
-        mode="gaussian",
-        padding_mode="constant",
-    )
-    return logits.argmax(1)[0].cpu().numpy().astype(np.uint8)
+    x = torch.from_numpy(np.ascontiguousarray(image)[None]).to(device)
+    flips = [()]
+    if mirror:
+        flips = [c for r in range(4) for c in itertools.combinations((2, 3, 4), r)]
+    probs = None
+    with torch.no_grad():
+        for axes in flips:
+            xi = torch.flip(x, axes) if axes else x
+            logits = sliding_window_inference(
+                xi,
+                roi_size=patch_size,
+                sw_batch_size=sw_batch_size,
+                predictor=model,
+                overlap=overlap,
+                mode="gaussian",
+                padding_mode="constant",
+            )
+            p = torch.softmax(logits.float(), 1)
+            p = torch.flip(p, axes) if axes else p
+            probs = p if probs is None else probs + p
+    return probs.argmax(1)[0].cpu().numpy().astype(np.uint8)
 
 
 def seg_metrics(

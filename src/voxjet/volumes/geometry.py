@@ -29,19 +29,28 @@ def ras_spacing(affine: np.ndarray) -> np.ndarray:
     return out
 
 
+def as_tensor(arr: np.ndarray):
+    """A torch view of a numpy array, also when reorientation left it flipped (negative
+    strides, which torch.from_numpy refuses): the flips are redone in torch, whose copy runs on
+    every core, rather than in a single-threaded numpy copy."""
+    import torch
+
+    flips = [i for i, st in enumerate(arr.strides) if st < 0]
+    if not flips:
+        return torch.from_numpy(arr)
+    return torch.from_numpy(np.flip(arr, flips)).flip(flips)
+
+
 def zoom_to(arr: np.ndarray, shape: tuple[int, ...], order: int) -> np.ndarray:
     """Resample the last three axes to exactly `shape`: order 1 trilinear, 0 nearest (torch's
     interpolation: multi-threaded, several times faster than scipy's on a CT volume)."""
-    import torch
     import torch.nn.functional as F
 
     shape = tuple(int(s) for s in shape)
     if tuple(arr.shape[-3:]) == shape:
         return arr
     lead = arr.shape[:-3]
-    t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(
-        1, -1, *arr.shape[-3:]
-    )
+    t = as_tensor(arr.astype(np.float32, copy=False)).reshape(1, -1, *arr.shape[-3:])
     if order == 0:
         out = F.interpolate(t, size=shape, mode="nearest-exact")
     else:
@@ -76,13 +85,11 @@ def _interp_box(ind, taps, out_box, src_lo):
     return ind
 
 
-def _extent(mask) -> list[tuple[int, int]] | None:
+def _extent(mask: np.ndarray) -> list[tuple[int, int]] | None:
     """[start, stop) of the True voxels along each axis of a 3-D mask, or None if none."""
-    import torch
-
     m01 = mask.any(2)
     hits = [m01.any(1), m01.any(0), mask.any(1).any(0)]
-    idx = [torch.nonzero(h).flatten() for h in hits]
+    idx = [np.flatnonzero(h) for h in hits]
     if any(len(i) == 0 for i in idx):
         return None
     return [(int(i[0]), int(i[-1]) + 1) for i in idx]
@@ -100,13 +107,14 @@ def zoom_labels(label: np.ndarray, shape: tuple[int, ...], n_classes: int) -> np
     shape = tuple(int(s) for s in shape)
     if tuple(label.shape) == shape:
         return label
-    src = torch.from_numpy(np.ascontiguousarray(label))
+    # masks and extents in numpy, which reads the (often flipped or transposed) view as it
+    # is; only the small per-class blocks become torch tensors
     taps = [_linear_taps(n, m) for n, m in zip(label.shape, shape, strict=True)]
     out = torch.zeros(shape, dtype=torch.uint8)
-    fg = _extent(src != 0)
+    fg = _extent(label != 0)
     if fg is None:
         return out.numpy()
-    sub = src[tuple(slice(a, b) for a, b in fg)]
+    sub = label[tuple(slice(a, b) for a, b in fg)]
     blocks = []
     for c in range(1, n_classes):
         ext = _extent(sub == c)
@@ -122,7 +130,8 @@ def zoom_labels(label: np.ndarray, shape: tuple[int, ...], n_classes: int) -> np
             out_box.append((lo, hi))
             src_lo.append(int(i0[lo]))
             src_hi.append(int(i1[hi - 1]) + 1)
-        block = (src[tuple(slice(a, b) for a, b in zip(src_lo, src_hi, strict=True))] == c).float()
+        box = tuple(slice(a, b) for a, b in zip(src_lo, src_hi, strict=True))
+        block = torch.from_numpy(np.ascontiguousarray(label[box] == c)).float()
         blocks.append((c, out_box, _interp_box(block, taps, out_box, src_lo)))
     union = [(min(b[1][k][0] for b in blocks), max(b[1][k][1] for b in blocks)) for k in range(3)]
     size = [b - a for a, b in union]

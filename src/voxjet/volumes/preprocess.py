@@ -22,7 +22,15 @@ from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
-from voxjet.volumes.geometry import from_ras, plan_shape, ras_spacing, to_ras, zoom_labels, zoom_to
+from voxjet.volumes.geometry import (
+    as_tensor,
+    from_ras,
+    plan_shape,
+    ras_spacing,
+    to_ras,
+    zoom_labels,
+    zoom_to,
+)
 from voxjet.volumes.memory import plan_patch_and_batch
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
 
@@ -89,6 +97,15 @@ def _label_array(lbl: nib.Nifti1Image, path: Path) -> np.ndarray:
     return as_int
 
 
+def _label_values(label: np.ndarray) -> np.ndarray:
+    """The distinct values of a label map: one comparison pass a value for a byte map with a
+    handful of classes, a histogram otherwise (never a sort of every voxel)."""
+    top = int(label.max())
+    if label.dtype == np.uint8 and top < 32:
+        return np.array([v for v in range(top + 1) if v == 0 or (label == v).any()])
+    return np.flatnonzero(np.bincount(label.ravel(order="K")))
+
+
 def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
     """Load a case and check it: 3-D (or 4-D, channels last) image, a 3-D label on the same
     grid and affine, finite intensities, declared label values, some foreground."""
@@ -117,8 +134,7 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
             "image or drop case " + case.case_id
         )
     as_int = _label_array(lbl, lpath)
-    counts = np.bincount(as_int.ravel())  # a histogram, not a sort of every voxel
-    values = np.flatnonzero(counts)
+    values = _label_values(as_int)
     bad = sorted(set(values.tolist()) - set(ds.labels))
     if bad:
         raise VoxjetError(
@@ -267,15 +283,21 @@ def make_plan(fp: dict, cfg: VolumePrepConfig) -> dict:
 def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
     """[C, X, Y, Z]. CT (channel 0): clip to the dataset's foreground percentiles and z-score
     with dataset statistics; other channels and modalities: z-score per case."""
-    out = np.empty_like(image, dtype=np.float32)
-    for c, ch in enumerate(image):
+    import torch
+
+    src = as_tensor(image)
+    out = torch.empty(image.shape, dtype=torch.float32)
+    for c in range(image.shape[0]):
+        ch, dst = src[c], out[c]
         if plan["normalization"] == "ct" and c == 0:
             st = fp["foreground_intensity"]
-            clipped = np.clip(ch, st["percentile_00_5"], st["percentile_99_5"])
-            out[c] = (clipped - st["mean"]) / max(st["std"], 1e-8)
+            torch.clamp(ch, st["percentile_00_5"], st["percentile_99_5"], out=dst)
+            dst.sub_(st["mean"]).div_(max(st["std"], 1e-8))
         else:
-            out[c] = (ch - ch.mean()) / max(float(ch.std()), 1e-8)
-    return out
+            ch = ch.double()
+            mean, std = float(ch.mean()), float(ch.std(correction=0))
+            torch.sub(src[c], mean, out=dst).div_(max(std, 1e-8))
+    return out.numpy()
 
 
 def resample(arr: np.ndarray, spacing: np.ndarray, target: np.ndarray, order: int) -> np.ndarray:

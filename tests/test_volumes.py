@@ -597,6 +597,7 @@ def test_short_run_segments_the_mni_brain(tmp_path):
     }
     run(str(tmp_path / "cases"), run_cfg, str(tmp_path / "run"))
     m = evaluate(str(tmp_path / "cases"), str(tmp_path / "run" / "model.pt"), str(tmp_path / "e"))
+    print(f"MNI brain test Dice {m['per_class']['brain']['dice']:.3f}")
     assert m["per_class"]["brain"]["dice"] >= 0.9, m["per_class"]
     for cid in m["per_case"]:
         pred = nib.load(tmp_path / "e" / "predictions" / f"{cid}.nii.gz")

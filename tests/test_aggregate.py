@@ -183,5 +183,5 @@ def test_cli_summarises_from_a_config_listing_failed_runs_as_missing(tmp_path, m
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert "| part ★ |" in md
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    for other in ("particlenet", "unet"):
-        assert other in cfg["experiments"] and f"{other} (missing" in md
+    for experiment, run in (("particlenet", "particlenet"), ("unet", "unet_lr-0.001")):
+        assert experiment in cfg["experiments"] and f"{run} (missing" in md

@@ -53,10 +53,21 @@ def _stage(a: argparse.Namespace) -> None:
 
 
 def _shard_jets(a: argparse.Namespace) -> None:
-    from voxjet.jets.shard import JetDataConfig, shard_jets
+    from voxjet.jets.shard import JetDataConfig, shard_jets, shard_part
 
     cfg = from_dict(JetDataConfig, parse_json_arg(a.config, "--config"), "jets config")
-    index = shard_jets(a.manifest, a.out, cfg)
+    if a.part is None:
+        out = shard_jets(a.manifest, a.out, cfg)
+    else:
+        out = shard_part(a.manifest, a.out, cfg, a.part, cfg.shard_jobs)
+    print(json.dumps({k: v["jets"] for k, v in out["splits"].items()}), file=sys.stderr)
+
+
+def _index_shards(a: argparse.Namespace) -> None:
+    from voxjet.jets.shard import JetDataConfig, index_shards
+
+    cfg = from_dict(JetDataConfig, parse_json_arg(a.config, "--config"), "jets config")
+    index = index_shards(a.parts, a.out, cfg)
     print(json.dumps({k: v["jets"] for k, v in index["splits"].items()}), file=sys.stderr)
 
 
@@ -181,7 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--manifest", required=True)
         s.add_argument("--out", required=True)
         s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
+        if name == "shard-jets":
+            s.add_argument(
+                "--part",
+                type=int,
+                default=None,
+                help="write only shard job PART of jets.shard_jobs (default: all, then index)",
+            )
         s.set_defaults(func=func)
+    s = sub.add_parser("index-shards", help="gather shard parts into index.json")
+    s.add_argument("--parts", nargs="+", required=True, help="the shard part folders")
+    s.add_argument("--out", required=True, help="index.json to write")
+    s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
+    s.set_defaults(func=_index_shards)
 
     s = sub.add_parser("preprocess-case", help="preprocess one case with the dataset's plan")
     s.add_argument("--manifest", required=True)

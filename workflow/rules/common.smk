@@ -97,6 +97,12 @@ def data_config(section):
     return lambda wildcards: json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
 
 
+def shard_parts(wildcards):
+    """The scatter jobs' part folders of a jets dataset (jets.shard_jobs of them)."""
+    n = dataset_cfg(wildcards.dataset)["jets"]["shard_jobs"]
+    return [f"results/{wildcards.dataset}/shards/part_{k:04d}" for k in range(n)]
+
+
 def run_config(wildcards):
     return RUNS[wildcards.run].as_json()
 

@@ -3,7 +3,7 @@
 
 rule evaluate_jets:
     input:
-        shards=rules.shard_jets.output[0],
+        index=rules.index_jets.output[0],
         model=rules.train_jets.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -38,7 +38,7 @@ rule evaluate_jets:
     conda:
         ENV
     shell:
-        "voxjet evaluate-jets --shards {input.shards} --model {input.model}"
+        "voxjet evaluate-jets --shards results/{wildcards.dataset}/shards --model {input.model}"
         " --out {params.out} > {log} 2>&1"
 
 

@@ -1,19 +1,21 @@
-# Jets: staged ROOT files → shuffled HDF5 shards with index.json.
+# Jets: staged ROOT files → shuffled HDF5 shards with index.json. Scatter/gather: shard job k
+# of jets.shard_jobs reads the k-th share of every file's entries; index_jets adds them up.
 
 
 rule shard_jets:
     input:
         manifest=rules.stage.output[0],
     output:
-        directory("results/{dataset}/shards"),
+        directory("results/{dataset}/shards/part_{part}"),
     params:
         config=data_config("jets"),
     log:
-        "logs/shard_jets/{dataset}.log",
+        "logs/shard_jets/{dataset}/{part}.log",
     benchmark:
-        "results/benchmarks/shard_jets/{dataset}.tsv"
+        "results/benchmarks/shard_jets/{dataset}/{part}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("jets")),
+        part=r"\d{4}",
     threads: 1
     resources:
         mem_mb=8000,
@@ -21,5 +23,29 @@ rule shard_jets:
     conda:
         ENV
     shell:
-        "voxjet shard-jets --manifest {input.manifest} --out {output}"
+        "voxjet shard-jets --manifest {input.manifest} --out {output} --part {wildcards.part}"
         " --config {params.config:q} > {log} 2>&1"
+
+
+rule index_jets:
+    input:
+        shard_parts,
+    output:
+        "results/{dataset}/shards/index.json",
+    params:
+        config=data_config("jets"),
+    log:
+        "logs/index_jets/{dataset}.log",
+    benchmark:
+        "results/benchmarks/index_jets/{dataset}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("jets")),
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        ENV
+    shell:
+        "voxjet index-shards --parts {input} --out {output} --config {params.config:q}"
+        " > {log} 2>&1"

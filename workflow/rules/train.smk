@@ -4,7 +4,7 @@
 
 rule train_jets:
     input:
-        shards=rules.shard_jets.output[0],
+        index=rules.index_jets.output[0],
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -34,7 +34,7 @@ rule train_jets:
     shell:
         "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
         " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
-        " train-jets --shards {input.shards} --run-config {params.run_config:q}"
+        " train-jets --shards results/{wildcards.dataset}/shards --run-config {params.run_config:q}"
         " --out {params.run_dir} > {log} 2>&1"
 
 

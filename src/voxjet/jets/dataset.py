@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
+import hdf5plugin  # noqa: F401  (registers the LZ4 filter the shards are written with)
 import numpy as np
 import torch
 

@@ -3,86 +3,52 @@ and padding of jagged particles to a fixed length without ak.pad_none (numpy on 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import awkward as ak
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.expressions import Variables
 
 Arrays = ak.Array
 
 
-def _pt(a: Arrays) -> ak.Array:
-    return np.hypot(a["part_px"], a["part_py"])
-
-
-def _safe_log(x):
-    return np.log(np.maximum(x, 1e-8))
-
-
-# ParT's inputs (Qu, Li, Qian 2022): kinematics, particle ID, track impact parameters.
-PARTICLE_FEATURES: dict[str, Callable[[Arrays], ak.Array]] = {
-    "part_deta": lambda a: a["part_deta"],
-    "part_dphi": lambda a: a["part_dphi"],
-    "part_pt_log": lambda a: _safe_log(_pt(a)),
-    "part_e_log": lambda a: _safe_log(a["part_energy"]),
-    "part_logptrel": lambda a: _safe_log(_pt(a) / a["jet_pt"]),
-    "part_logerel": lambda a: _safe_log(a["part_energy"] / a["jet_energy"]),
-    "part_deltaR": lambda a: np.hypot(a["part_deta"], a["part_dphi"]),
-    "part_charge": lambda a: a["part_charge"],
-    "part_isChargedHadron": lambda a: a["part_isChargedHadron"],
-    "part_isNeutralHadron": lambda a: a["part_isNeutralHadron"],
-    "part_isPhoton": lambda a: a["part_isPhoton"],
-    "part_isElectron": lambda a: a["part_isElectron"],
-    "part_isMuon": lambda a: a["part_isMuon"],
-    "part_d0": lambda a: np.tanh(a["part_d0val"]),
-    "part_d0err": lambda a: a["part_d0err"],
-    "part_dz": lambda a: np.tanh(a["part_dzval"]),
-    "part_dzerr": lambda a: a["part_dzerr"],
+# ParT's inputs (Qu, Li, Qian 2022) from JetClass branches, as expressions (see
+# voxjet.jets.expressions); a config's `new_variables` add to and override these.
+BUILTIN_VARIABLES: dict[str, str] = {
+    "part_pt": "hypot(part_px, part_py)",
+    "part_pt_log": "log(part_pt)",
+    "part_e_log": "log(part_energy)",
+    "part_logptrel": "log(part_pt / jet_pt)",
+    "part_logerel": "log(part_energy / jet_energy)",
+    "part_deltaR": "hypot(part_deta, part_dphi)",
+    "part_d0": "tanh(part_d0val)",
+    "part_dz": "tanh(part_dzval)",
+    "jet_tau21": "jet_tau2 / maximum(jet_tau1, 1e-8)",
+    "jet_tau32": "jet_tau3 / maximum(jet_tau2, 1e-8)",
 }
 
-JET_FEATURES: dict[str, Callable[[Arrays], np.ndarray]] = {
-    "jet_pt": lambda a: a["jet_pt"],
-    "jet_eta": lambda a: a["jet_eta"],
-    "jet_sdmass": lambda a: a["jet_sdmass"],
-    "jet_nparticles": lambda a: a["jet_nparticles"],
-    "jet_tau21": lambda a: a["jet_tau2"] / np.maximum(a["jet_tau1"], 1e-8),
-    "jet_tau32": lambda a: a["jet_tau3"] / np.maximum(a["jet_tau2"], 1e-8),
-}
 
-# Which ROOT branches each feature reads, so that a shard job reads only those baskets.
-_PART_NEEDS = {
-    "part_pt_log": ["part_px", "part_py"],
-    "part_logptrel": ["part_px", "part_py", "jet_pt"],
-    "part_logerel": ["part_energy", "jet_energy"],
-    "part_e_log": ["part_energy"],
-    "part_deltaR": ["part_deta", "part_dphi"],
-    "part_d0": ["part_d0val"],
-    "part_dz": ["part_dzval"],
-}
-_JET_NEEDS = {"jet_tau21": ["jet_tau1", "jet_tau2"], "jet_tau32": ["jet_tau2", "jet_tau3"]}
+def variables(
+    new_variables: dict[str, str] | None = None, selection: str | None = None
+) -> Variables:
+    """The built-in variables, the config's new ones on top, and the selection (if any)."""
+    defs = {**BUILTIN_VARIABLES, **(new_variables or {})}
+    if selection:
+        defs[SELECTION] = selection
+    return Variables(defs)
 
 
-def branches_needed(particle_features: list[str], jet_features: list[str]) -> list[str]:
-    """The ROOT branches to read for the chosen features (always including the pT for sorting)."""
-    check_feature_names(particle_features, jet_features)
-    need = {"part_px", "part_py"}
-    for f in particle_features:
-        need.update(_PART_NEEDS.get(f, [f]))
-    for f in jet_features:
-        need.update(_JET_NEEDS.get(f, [f]))
-    return sorted(need)
+SELECTION = "__selection__"
 
 
-def check_feature_names(particle_features: list[str], jet_features: list[str]) -> None:
-    """Fail with the list of known names when the config asks for an unknown feature."""
-    bad = [f for f in particle_features if f not in PARTICLE_FEATURES]
-    if bad:
-        raise VoxjetError(f"unknown particle features {bad}; known: {sorted(PARTICLE_FEATURES)}")
-    bad = [f for f in jet_features if f not in JET_FEATURES]
-    if bad:
-        raise VoxjetError(f"unknown jet features {bad}; known: {sorted(JET_FEATURES)}")
+def branches_needed(
+    v: Variables, particle_features: list[str], jet_features: list[str], sort_by: str | None
+) -> list[str]:
+    """The ROOT branches to read for the chosen features, the sort key and the selection."""
+    names = [*particle_features, *jet_features]
+    names += [sort_by] if sort_by else []
+    names += [SELECTION] if SELECTION in v.exprs else []
+    return v.branches(names)
 
 
 def pad_jagged(content: np.ndarray, counts: np.ndarray, length: int) -> np.ndarray:
@@ -96,31 +62,78 @@ def pad_jagged(content: np.ndarray, counts: np.ndarray, length: int) -> np.ndarr
     return out
 
 
+def _is_jagged(x) -> bool:
+    return isinstance(x, ak.Array) and x.ndim == 2
+
+
+def select(arrays: Arrays, v: Variables) -> np.ndarray | None:
+    """The selection's boolean mask over jets, or None without a selection."""
+    if SELECTION not in v.exprs:
+        return None
+    mask = v.evaluate([SELECTION], arrays)[SELECTION]
+    if _is_jagged(mask):
+        raise VoxjetError(
+            f"jets.selection {v.exprs[SELECTION].text!r} gives one value a particle; it must "
+            "give one a jet (e.g. use jet-level branches)"
+        )
+    return np.asarray(ak.to_numpy(mask), bool)
+
+
 def compute_features(
-    arrays: Arrays, particle_features: list[str], jet_features: list[str], max_particles: int
+    arrays: Arrays,
+    v: Variables,
+    particle_features: list[str],
+    jet_features: list[str],
+    max_particles: int,
+    sort_by: str | None = "part_pt",
 ) -> dict[str, np.ndarray]:
-    """Particles [N, P, F] sorted by pT and padded, mask [N, P], jets [N, J]."""
-    order = ak.argsort(_pt(arrays), axis=1, ascending=False)
-    counts = ak.to_numpy(ak.num(arrays["part_px"], axis=1))
+    """Particles [N, P, F] (ordered by `sort_by`, descending, and zero-padded), mask [N, P],
+    jets [N, J]."""
+    names = [*particle_features, *jet_features] + ([sort_by] if sort_by else [])
+    vals = v.evaluate(names, arrays)
+    for n in particle_features:
+        if not _is_jagged(vals[n]):
+            raise VoxjetError(
+                f"jets.particle_features: {n!r} has one value a jet, not one a particle; "
+                "list it under jets.jet_features"
+            )
+    for n in jet_features:
+        if _is_jagged(vals[n]):
+            raise VoxjetError(
+                f"jets.jet_features: {n!r} has one value a particle; list it under "
+                "jets.particle_features"
+            )
+    first = vals[particle_features[0]]
+    counts = ak.to_numpy(ak.num(first, axis=1))
+    order = ak.argsort(vals[sort_by], axis=1, ascending=False) if sort_by else None
     cols = []
     for name in particle_features:
-        col = ak.Array(PARTICLE_FEATURES[name](arrays))[order]
+        col = vals[name] if order is None else vals[name][order]
+        if not np.array_equal(ak.to_numpy(ak.num(col, axis=1)), counts):
+            raise VoxjetError(
+                f"jets.particle_features: {name!r} has another particle count than "
+                f"{particle_features[0]!r}; particle features must come from one collection"
+            )
         cols.append(ak.to_numpy(ak.flatten(col)).astype(np.float32))
-    flat = np.stack(cols, axis=1) if cols else np.zeros((int(counts.sum()), 0), np.float32)
+    flat = np.stack(cols, axis=1)
     particles = pad_jagged(flat, counts, max_particles)
     mask = np.arange(max_particles)[None, :] < counts[:, None]
     jets = (
-        np.stack(
-            [np.asarray(ak.to_numpy(JET_FEATURES[n](arrays)), np.float32) for n in jet_features],
-            axis=1,
-        )
+        np.stack([np.asarray(ak.to_numpy(vals[n]), np.float32) for n in jet_features], axis=1)
         if jet_features
         else np.zeros((len(counts), 0), np.float32)
     )
-    if not np.isfinite(particles).all() or not np.isfinite(jets).all():
-        raise VoxjetError(
-            "non-finite input features (NaN/inf) in the ROOT file; check the branches"
-        )
+    for what, arr, feats in (
+        ("particle", particles, particle_features),
+        ("jet", jets, jet_features),
+    ):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            where = np.argwhere(bad)[0]
+            raise VoxjetError(
+                f"non-finite value (NaN/inf) in {what} feature {feats[where[-1]]!r} of jet "
+                f"{int(where[0])} of this batch; fix the branch or its expression"
+            )
     return {"particles": particles, "mask": mask, "jets": jets}
 
 

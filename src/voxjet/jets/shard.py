@@ -1,25 +1,38 @@
 """Convert staged ROOT files into pre-shuffled HDF5 shards plus index.json (counts, class
-histogram, per-feature mean/std on the training split)."""
+histogram, per-feature mean/std on the training split).
+
+Scatter, then gather: shard job k of n reads the k-th n-th of every file's entries (uproot
+reads only those baskets), so n jobs share the I/O evenly and every shard mixes every file;
+each jet's split comes from a hash of (file name, entry), so it never changes on a rerun or when
+files are added. `index_shards` then adds up the parts' counts and feature sums."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+import sys
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import awkward as ak
 import h5py
+import hdf5plugin
 import numpy as np
 import uproot
 from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
     compute_features,
     labels_from_onehot,
+    select,
+    variables,
 )
 
 FORMAT_VERSION = 1
@@ -31,7 +44,9 @@ class JetDataConfig:
     """How ROOT branches become model inputs (in the spirit of weaver's data config)."""
 
     tree: str = "tree"
-    labels: list[str] = field(
+    # one-hot branches (a list), {"branch": b, "classes": [...]} (an integer class branch) or
+    # {"by_file": {class: glob on the file name}} (one class a source file)
+    labels: list[str] | dict = field(
         default_factory=lambda: ["label_QCD", "label_Hbb", "label_Wqq", "label_Tbqq"]
     )
     particle_features: list[str] = field(
@@ -65,8 +80,13 @@ class JetDataConfig:
             "jet_tau32",
         ]
     )
+    new_variables: dict[str, str] = field(default_factory=dict)
+    sort_by: str | None = "part_pt"
+    selection: str | None = None
     max_particles: int = 128
     jets_per_shard: int = 10000
+    shard_jobs: int = 1
+    on_bad_file: str = "fail"
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000
@@ -77,97 +97,248 @@ class JetDataConfig:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _read_file(path: Path, cfg: JetDataConfig, branches: list[str]) -> dict[str, np.ndarray]:
+def class_names(labels: list[str] | dict) -> list[str]:
+    """Class names: label_QCD → QCD for one-hot branches, else the listed classes."""
+    if isinstance(labels, list):
+        return [b.removeprefix("label_") for b in labels]
+    if "branch" in labels:
+        return list(labels["classes"])
+    return list(labels["by_file"])
+
+
+def _label_branches(labels: list[str] | dict) -> list[str]:
+    if isinstance(labels, list):
+        return list(labels)
+    return [labels["branch"]] if "branch" in labels else []
+
+
+def _file_class(labels: dict, name: str) -> int:
+    hits = [i for i, g in enumerate(labels["by_file"].values()) if fnmatch.fnmatch(name, g)]
+    if len(hits) != 1:
+        raise VoxjetError(
+            f"{name}: matches {len(hits)} of the jets.labels.by_file patterns "
+            f"{labels['by_file']}; each file must match exactly one"
+        )
+    return hits[0]
+
+
+def jet_labels(arrays, labels: list[str] | dict, file_name: str) -> np.ndarray:
+    """Class index of each jet (-1: none of the classes; such jets are dropped)."""
+    if isinstance(labels, list):
+        return labels_from_onehot(arrays, labels)
+    if "branch" in labels:
+        raw = np.asarray(ak.to_numpy(arrays[labels["branch"]]))
+        out = raw.astype(np.int64)
+        out[(raw != out) | (out < 0) | (out >= len(labels["classes"]))] = -1
+        return out
+    return np.full(len(arrays), _file_class(labels, file_name), np.int64)
+
+
+def split_of(file_name: str, entries: np.ndarray, cfg: JetDataConfig) -> np.ndarray:
+    """0 train, 1 val, 2 test for each entry, from a hash of (file name, entry): the same
+    on every rerun, and unchanged for existing files when new ones are added."""
+    x = (np.uint64(zlib.crc32(file_name.encode())) << np.uint64(32)) ^ entries.astype(np.uint64)
+    x = x ^ np.uint64(cfg.seed)
+    # splitmix64's finaliser: consecutive entries become independent uniforms
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    u = (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    out = np.zeros(len(u), np.int8)
+    out[u < cfg.test_fraction + cfg.val_fraction] = 1
+    out[u < cfg.test_fraction] = 2
+    return out
+
+
+class BadFile(VoxjetError):
+    """A file (or entry range) that cannot be used; skipped with on_bad_file: skip."""
+
+
+def _open_tree(path: Path, cfg: JetDataConfig):
     try:
         f = uproot.open(path)
     except Exception as e:
-        raise VoxjetError(f"{path}: cannot open as ROOT ({e}); re-stage the dataset") from e
-    with f:
-        if cfg.tree not in f:
-            raise VoxjetError(
-                f"{path}: no tree {cfg.tree!r} (found {sorted(f.keys())}); set "
-                "jets.tree in the config"
+        raise BadFile(f"{path}: cannot open as ROOT ({e}); re-stage the file") from e
+    if cfg.tree not in f:
+        found = sorted({k.split(";")[0] for k in f.keys()})
+        f.close()
+        raise BadFile(f"{path}: no tree {cfg.tree!r} (found {found}); set jets.tree in the config")
+    return f, f[cfg.tree]
+
+
+def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], types: dict) -> None:
+    need = branches + _label_branches(cfg.labels)
+    missing = [b for b in need if b not in tree]
+    if missing:
+        raise BadFile(
+            f"{path}: tree {cfg.tree!r} has no branches {missing}; fix jets.labels / "
+            "particle_features / jet_features / new_variables / selection in the config"
+        )
+    for b in need:
+        t = str(tree[b].interpretation)
+        if types.setdefault(b, (t, path))[0] != t:
+            first_t, first_path = types[b]
+            raise BadFile(
+                f"{path}: branch {b!r} of tree {cfg.tree!r} is {t}, but {first_t} in "
+                f"{first_path.name}; the files of one dataset must agree"
             )
-        tree = f[cfg.tree]
-        missing = [b for b in branches + cfg.labels if b not in tree]
-        if missing:
-            raise VoxjetError(
-                f"{path}: missing branches {missing}; fix jets.labels / "
-                "jets.particle_features / jets.jet_features in the config"
-            )
-        parts = []
-        for arrays in tree.iterate(branches + cfg.labels, step_size=cfg.step_size, library="ak"):
+
+
+def _read_range(
+    path: Path, tree, v: Variables, cfg: JetDataConfig, branches: list[str], start: int, stop: int
+) -> dict[str, np.ndarray]:
+    """Features, labels, split and entry of the selected, labelled jets in [start, stop)."""
+    parts = []
+    need = branches + _label_branches(cfg.labels)
+    try:
+        for arrays in tree.iterate(
+            need,
+            entry_start=start,
+            entry_stop=stop,
+            step_size=cfg.step_size,
+            library="ak",
+            report=True,
+        ):
+            arrays, report = arrays
+            entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
+            keep = select(arrays, v)
+            if keep is not None:
+                arrays, entries = arrays[keep], entries[keep]
+            if len(arrays) == 0:
+                continue
             out = compute_features(
-                arrays, cfg.particle_features, cfg.jet_features, cfg.max_particles
+                arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
             )
-            out["labels"] = labels_from_onehot(arrays, cfg.labels)
+            out["labels"] = jet_labels(arrays, cfg.labels, path.name)
+            out["entry"] = entries
             parts.append(out)
+    except VoxjetError as e:
+        raise BadFile(f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: {e}") from e
+    except Exception as e:  # a truncated basket, a decompression error
+        raise BadFile(
+            f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: cannot read ({type(e).__name__}: "
+            f"{e}); the file may be truncated or corrupt: re-stage it"
+        ) from e
+    if not parts:
+        return {}
     merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     keep = merged["labels"] >= 0
-    return {k: v[keep] for k, v in merged.items()}
+    merged = {k: val[keep] for k, val in merged.items()}
+    merged["split"] = split_of(path.name, merged["entry"], cfg)
+    return merged
 
 
-def _masked_stats(particles: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    real = particles[mask]
-    mean = real.mean(0)
-    std = real.std(0)
-    return mean, np.where(std > 1e-6, std, 1.0)
+def _entries(path: Path, tree, manifest_entry: dict) -> int:
+    return int(manifest_entry.get("entries") or tree.num_entries)
 
 
-def _write_shard(
-    path: Path,
-    data: dict[str, np.ndarray],
-    cfg: JetDataConfig,
-    classes: list[str],
-    sources: list[str],
-) -> None:
+def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) -> None:
     n = len(data["labels"])
     chunk = max(1, min(n, 1024))
+    comp = hdf5plugin.LZ4()
     with h5py.File(path, "w") as f:
-        f.create_dataset(
-            "particles", data=data["particles"], chunks=(chunk,) + data["particles"].shape[1:]
-        )
-        f.create_dataset("mask", data=data["mask"], chunks=(chunk, data["mask"].shape[1]))
-        f.create_dataset("jets", data=data["jets"], chunks=(chunk, data["jets"].shape[1]))
-        f.create_dataset("labels", data=data["labels"], chunks=(chunk,))
+        for key in ("particles", "mask", "jets", "labels"):
+            arr = data[key]
+            f.create_dataset(key, data=arr, chunks=(chunk, *arr.shape[1:]), **comp)
         f.attrs["particle_features"] = cfg.particle_features
         f.attrs["jet_features"] = cfg.jet_features
-        f.attrs["classes"] = classes
-        f.attrs["source_files"] = sources
+        f.attrs["classes"] = class_names(cfg.labels)
         f.attrs["config_hash"] = cfg.hash()
         f.attrs["format_version"] = FORMAT_VERSION
 
 
-def class_names(labels: list[str]) -> list[str]:
-    """Class names from label branch names (label_QCD → QCD)."""
-    return [b.removeprefix("label_") for b in labels]
+def _sums(data: dict[str, np.ndarray]) -> dict[str, list[float] | int]:
+    real = data["particles"][data["mask"]].astype(np.float64)
+    jets = data["jets"].astype(np.float64)
+    return {
+        "particles_n": int(len(real)),
+        "particles_sum": real.sum(0).tolist(),
+        "particles_sumsq": (real**2).sum(0).tolist(),
+        "jets_n": int(len(jets)),
+        "jets_sum": jets.sum(0).tolist(),
+        "jets_sumsq": (jets**2).sum(0).tolist(),
+    }
 
 
-def shard_jets(
-    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: JetDataConfig
+def shard_part(
+    manifest_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    cfg: JetDataConfig,
+    part: int = 0,
+    parts: int = 1,
 ) -> dict:
-    """Read every staged ROOT file, shuffle across files, split and write shards; returns index."""
+    """Shard job `part` of `parts`: its share of every file's entries, shuffled together, into
+    shards of at most jets_per_shard per split, plus part.json (counts and feature sums)."""
+    if cfg.on_bad_file not in ("fail", "skip"):
+        raise VoxjetError(f"jets.on_bad_file {cfg.on_bad_file!r}: use fail or skip")
     manifest = read_json(manifest_path)
     root = Path(manifest["root"])
-    files = [root / f["path"] for f in manifest["files"] if f["path"].endswith(".root")]
+    files = [f for f in manifest["files"] if f["path"].endswith(".root")]
     if not files:
         raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
-    branches = branches_needed(cfg.particle_features, cfg.jet_features)
-    per_file = [
-        _read_file(p, cfg, branches)
-        for p in tqdm(files, desc="shard-jets: read", unit="file", mininterval=1.0)
-    ]
-    data = {k: np.concatenate([d[k] for d in per_file]) for k in per_file[0]}
-    n = len(data["labels"])
-    if n == 0:
-        raise VoxjetError(f"{manifest_path}: no jet has any of the labels {cfg.labels} set")
-    rng = np.random.default_rng(cfg.seed)
-    perm = rng.permutation(n)
-    data = {k: v[perm] for k, v in data.items()}
-    n_test, n_val = int(round(n * cfg.test_fraction)), int(round(n * cfg.val_fraction))
-    bounds = {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
+    v = variables(cfg.new_variables, cfg.selection)
+    branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
+    types: dict = {}
+    chunks, skipped, per_file = [], [], {}
+    for entry in tqdm(files, desc=f"shard-jets part {part}", unit="file", mininterval=1.0):
+        path = root / entry["path"]
+        try:
+            f, tree = _open_tree(path, cfg)
+            with f:
+                _check_branches(path, tree, cfg, branches, types)
+                n = _entries(path, tree, entry)
+                lo, hi = n * part // parts, n * (part + 1) // parts
+                data = _read_range(path, tree, v, cfg, branches, lo, hi)
+        except BadFile as e:
+            if cfg.on_bad_file == "fail":
+                raise
+            print(f"skipping: {e}", file=sys.stderr)
+            skipped.append({"file": entry["path"], "reason": str(e)})
+            continue
+        per_file[entry["path"]] = int(len(data.get("labels", [])))
+        if data:
+            chunks.append(data)
     classes = class_names(cfg.labels)
-    sources = [str(p.name) for p in files]
+    data = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
+    n = len(data.get("labels", []))
+    perm = np.random.default_rng([cfg.seed, part]).permutation(n)
+    data = {k: val[perm] for k, val in data.items()}
+    summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
+                     "skipped": skipped, "splits": {}}  # fmt: skip
+    with atomic_path(out_dir, directory=True) as tmp:
+        for code, split in ((0, "train"), (1, "val"), (2, "test")):
+            sel = {k: val[data["split"] == code] for k, val in data.items()} if n else {}
+            m = len(sel.get("labels", []))
+            shards = []
+            for i, start in enumerate(range(0, m, cfg.jets_per_shard)):
+                name = f"{split}_{i:03d}.h5"
+                piece = {k: val[start : start + cfg.jets_per_shard] for k, val in sel.items()}
+                _write_shard(tmp / name, piece, cfg)
+                shards.append({"file": name, "jets": int(len(piece["labels"]))})
+            hist = (
+                np.bincount(sel["labels"], minlength=len(classes)).tolist()
+                if m
+                else [0] * len(classes)
+            )
+            summary["splits"][split] = {
+                "jets": m,
+                "shards": shards,
+                "class_counts": dict(zip(classes, hist, strict=True)),
+                **({"sums": _sums(sel)} if m and split == "train" else {}),
+            }
+        (tmp / "part.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def index_shards(
+    part_dirs: list[str | os.PathLike], out: str | os.PathLike, cfg: JetDataConfig
+) -> dict:
+    """index.json beside the part folders: every shard, counts, class histograms, skipped files
+    and the training split's per-feature mean/std (from the parts' sums)."""
+    out = Path(out)
+    parts = [(Path(d), read_json(Path(d) / "part.json")) for d in part_dirs]
+    classes = class_names(cfg.labels)
     index: dict = {
         "format_version": FORMAT_VERSION,
         "config_hash": cfg.hash(),
@@ -176,32 +347,61 @@ def shard_jets(
         "particle_features": cfg.particle_features,
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
+        "skipped": [s for _, p in parts for s in p["skipped"]],
         "splits": {},
     }
-    with atomic_path(out_dir, directory=True) as tmp:
-        for split in SPLITS:
-            lo, hi = bounds[split]
-            part = {k: v[lo:hi] for k, v in data.items()}
-            shards = []
-            for i, start in enumerate(range(0, hi - lo, cfg.jets_per_shard)):
-                name = f"{split}_{i:04d}.h5"
-                chunk = {k: v[start : start + cfg.jets_per_shard] for k, v in part.items()}
-                _write_shard(tmp / name, chunk, cfg, classes, sources)
-                shards.append({"file": name, "jets": int(len(chunk["labels"]))})
-            hist = np.bincount(part["labels"], minlength=len(classes)).tolist()
-            index["splits"][split] = {
-                "jets": int(hi - lo),
-                "shards": shards,
-                "class_counts": dict(zip(classes, hist, strict=True)),
-            }
-        train = {k: v[bounds["train"][0] : bounds["train"][1]] for k, v in data.items()}
-        if len(train["labels"]) == 0:
-            raise VoxjetError(
-                "the training split is empty: lower val_fraction/test_fraction or add files"
-            )
-        pmean, pstd = _masked_stats(train["particles"], train["mask"])
-        index["particle_mean"], index["particle_std"] = pmean.tolist(), pstd.tolist()
-        index["jet_mean"] = train["jets"].mean(0).tolist()
-        index["jet_std"] = np.where(train["jets"].std(0) > 1e-6, train["jets"].std(0), 1).tolist()
-        (tmp / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    per_file: dict[str, int] = {}
+    for _, p in parts:
+        for name, count in p["selected_per_file"].items():
+            per_file[name] = per_file.get(name, 0) + count
+    empty = sorted(name for name, c in per_file.items() if c == 0)
+    if empty:
+        msg = (
+            f"{empty}: no jet passes the selection {cfg.selection!r} with a label; "
+            "check jets.selection and jets.labels"
+        )
+        if cfg.on_bad_file == "fail":
+            raise VoxjetError(msg)
+        print(f"warning: {msg}", file=sys.stderr)
+    for split in SPLITS:
+        shards, counts = [], np.zeros(len(classes), np.int64)
+        for d, p in parts:
+            info = p["splits"][split]
+            shards += [{"file": f"{d.name}/{s['file']}", "jets": s["jets"]} for s in info["shards"]]
+            counts += np.array([info["class_counts"][c] for c in classes])
+        index["splits"][split] = {
+            "jets": int(sum(s["jets"] for s in shards)),
+            "shards": shards,
+            "class_counts": dict(zip(classes, counts.tolist(), strict=True)),
+        }
+    if index["splits"]["train"]["jets"] == 0:
+        raise VoxjetError(
+            "the training split is empty (no selected, labelled jet): check the files, "
+            "jets.selection and jets.labels, or lower val_fraction/test_fraction"
+        )
+    sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
+    for kind in ("particles", "jets"):
+        n = sum(s[f"{kind}_n"] for s in sums)
+        total = np.sum([s[f"{kind}_sum"] for s in sums], axis=0)
+        sq = np.sum([s[f"{kind}_sumsq"] for s in sums], axis=0)
+        mean = total / max(n, 1)
+        std = np.sqrt(np.maximum(sq / max(n, 1) - mean**2, 0))
+        key = "particle" if kind == "particles" else "jet"
+        index[f"{key}_mean"] = np.atleast_1d(mean).tolist()
+        index[f"{key}_std"] = np.where(np.atleast_1d(std) > 1e-6, std, 1.0).tolist()
+    with atomic_path(out) as tmp:
+        tmp.write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def shard_jets(
+    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: JetDataConfig
+) -> dict:
+    """All shard parts in this process, then the index: the scatter/gather of the workflow
+    run locally (tests, benchmarks, small datasets)."""
+    with atomic_path(out_dir, directory=True) as tmp:
+        dirs = []
+        for k in range(cfg.shard_jobs):
+            shard_part(manifest_path, tmp / f"part_{k:04d}", cfg, k, cfg.shard_jobs)
+            dirs.append(tmp / f"part_{k:04d}")
+        return index_shards(dirs, tmp / "index.json", cfg)

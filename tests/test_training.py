@@ -203,7 +203,9 @@ def test_nan_loss_stops_naming_step_and_batch_source(shards, tmp_path):
     from voxjet.errors import VoxjetError
 
     s = TrainSettings(**_settings(steps=20))
-    with pytest.raises(VoxjetError, match=r"non-finite loss .* at step 3 .*part_0000/train_000\.h5"):
+    with pytest.raises(
+        VoxjetError, match=r"non-finite loss .* at step 3 .*part_0000/train_000\.h5"
+    ):
         train(_NanAt(JetTask(shards, MODEL, s), at=3), s, tmp_path, init_runtime(False))
     assert not (tmp_path / "model.pt").exists()
 

@@ -185,6 +185,21 @@ def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], t
             )
 
 
+def _check_finite(arrays, entries: np.ndarray) -> None:
+    """Refuse NaN/inf in any branch read, naming the branch and the first bad entry."""
+    for name in arrays.fields:
+        col = arrays[name]
+        flat = ak.to_numpy(ak.flatten(col)) if col.ndim > 1 else ak.to_numpy(col)
+        if flat.dtype.kind != "f" or np.isfinite(flat).all():
+            continue
+        per_jet = (
+            ak.to_numpy(ak.any(~np.isfinite(col), axis=1)) if col.ndim > 1 else ~np.isfinite(flat)
+        )
+        raise VoxjetError(
+            f"branch {name!r} holds NaN/inf at entry {int(entries[np.argmax(per_jet)])}"
+        )
+
+
 def _read_range(
     path: Path, tree, v: Variables, cfg: JetDataConfig, branches: list[str], start: int, stop: int
 ) -> dict[str, np.ndarray]:
@@ -202,6 +217,7 @@ def _read_range(
         ):
             arrays, report = arrays
             entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
+            _check_finite(arrays, entries)
             keep = select(arrays, v)
             if keep is not None:
                 arrays, entries = arrays[keep], entries[keep]

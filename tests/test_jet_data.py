@@ -1,0 +1,226 @@
+"""The jets data config: the expression language, label forms, the real ROOT files in
+../shared/data/root (other tree names, naming and compressions), and every bad input."""
+
+from __future__ import annotations
+
+import shutil
+
+import awkward as ak
+import numpy as np
+import pytest
+import uproot
+from conftest import SHARED_DATA
+
+from voxjet.errors import VoxjetError
+from voxjet.jets.expressions import Expression, Variables
+from voxjet.jets.shard import JetDataConfig, jet_labels, shard_jets
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+from voxjet.stage.transfer import stage
+
+ROOT_FILES = SHARED_DATA / "root"
+
+
+def test_expressions_compute_over_jagged_and_flat_columns():
+    a = ak.Array({"px": [[3.0, 0.0], [1.0]], "py": [[4.0, 1.0], [0.0]], "jpt": [10.0, 2.0]})
+    v = Variables({"pt": "hypot(px, py)", "rel": "log(pt / jpt)", "hard": "jpt > 5"})
+    out = v.evaluate(["pt", "rel", "hard"], a)
+    assert ak.to_list(out["pt"]) == [[5.0, 1.0], [1.0]]
+    assert ak.to_list(out["rel"])[0][0] == pytest.approx(np.log(0.5))
+    assert ak.to_list(out["hard"]) == [True, False]
+    assert v.branches(["rel"]) == ["jpt", "px", "py"]
+    e = Expression("(jpt > 1) & ~(jpt > 5) | (abs(-jpt) == 10) and jpt ** 2 % 7 >= 0")
+    assert ak.to_list(e.evaluate(a)) == [True, True]
+    assert Expression("1 < jpt <= 2").evaluate({"jpt": np.array([1.0, 2.0, 3.0])}).tolist() == [
+        False,
+        True,
+        False,
+    ]
+    # log clamps at 1e-8 rather than giving -inf for an exact zero
+    assert Expression("log(x)").evaluate({"x": np.array([0.0])})[0] == pytest.approx(np.log(1e-8))
+
+
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("__import__('os').system('true')", "unknown function"),
+        ("__import__('os')", "unknown function '__import__'"),
+        ("part_px.real", "Attribute"),
+        ("part_px[0]", "Subscript"),
+        ("open('x')", "unknown function 'open'"),
+        ("(lambda: 1)()", "unknown function"),
+        ("'a' + part_px", "is not a number"),
+        ("log", "is a function, call it"),
+        ("hypot(x=1, y=2)", "keyword arguments"),
+        ("part_px +", "cannot parse"),
+    ],
+)
+def test_expressions_refuse_everything_else(text, why):
+    with pytest.raises(VoxjetError, match=why) as e:
+        Expression(text, "jets.new_variables.bad")
+    assert "jets.new_variables.bad" in str(e.value)
+
+
+def test_variable_cycles_are_refused():
+    v = Variables({"a": "b + 1", "b": "a * 2"})
+    with pytest.raises(VoxjetError, match="a → b → a is a cycle"):
+        v.branches(["a"])
+
+
+def test_three_label_forms():
+    a = ak.Array({"label_QCD": [1, 0, 0], "label_Top": [0.0, 1.0, 0.0], "cls": [1, 0, 7]})
+    assert jet_labels(a, ["label_QCD", "label_Top"], "f.root").tolist() == [0, 1, -1]
+    assert jet_labels(a, {"branch": "cls", "classes": ["q", "t"]}, "f.root").tolist() == [1, 0, -1]
+    by_file = {"by_file": {"qcd": "qcd_*.root", "top": "top_*.root"}}
+    assert jet_labels(a, by_file, "top_003.root").tolist() == [1, 1, 1]
+    with pytest.raises(VoxjetError, match="matches 0 of the jets.labels.by_file patterns"):
+        jet_labels(a, by_file, "w_000.root")
+
+
+HZZ = dict(
+    tree="events",
+    new_variables={
+        "part_pt": "hypot(Jet_Px, Jet_Py)",
+        "part_eta": "arctanh(Jet_Pz / sqrt(Jet_Px**2 + Jet_Py**2 + Jet_Pz**2))",
+        "part_pt_log": "log(part_pt)",
+        "part_e_log": "log(Jet_E)",
+        "met": "hypot(MET_px, MET_py)",
+    },
+    particle_features=["part_pt_log", "part_e_log", "part_eta", "Jet_btag"],
+    jet_features=["met", "NJet"],
+    selection="NJet >= 1",
+    labels={"by_file": {"zlib": "*zlib*", "lz4": "*lz4*", "lzma": "*lzma*"}},
+    max_particles=8,
+    jets_per_shard=1000,
+    shard_jobs=2,
+)
+
+
+@pytest.mark.skipif(not ROOT_FILES.is_dir(), reason="../shared/data/root not present")
+def test_real_root_files_stage_and_shard(tmp_path):
+    """uproot's HZZ sample in zlib, lz4 and lzma (tree `events`, `Jet_Px` naming, a counter
+    branch), with the config adapted through new_variables; and CMS NanoAOD (tree `Events`,
+    `Jet_pt` naming) labelled by an integer branch."""
+    m = stage(str(ROOT_FILES), tmp_path / "staged", tmp_path / "m.json", patterns=["uproot-HZZ-*"])
+    assert [list(f["checksum"]) for f in m["files"]] == [["adler32"]] * 3
+    index = shard_jets(tmp_path / "m.json", tmp_path / "hzz", JetDataConfig(**HZZ))
+    counts = {c: sum(index["splits"][s]["class_counts"][c] for s in index["splits"]) for c in
+              ("zlib", "lz4", "lzma")}  # fmt: skip
+    # the same events in three compressions: identical counts after the same selection
+    n_sel = int(
+        np.sum(uproot.open(ROOT_FILES / "uproot-HZZ-zlib.root")["events"]["NJet"].array() >= 1)
+    )
+    assert counts == {"zlib": n_sel, "lz4": n_sel, "lzma": n_sel}
+    assert len(index["particle_mean"]) == 4 and np.isfinite(index["particle_std"]).all()
+
+    stage(str(ROOT_FILES), tmp_path / "nano", tmp_path / "n.json", patterns=["nanoAOD*"])
+    nano = JetDataConfig(
+        tree="Events",
+        new_variables={"part_pt_log": "log(Jet_pt)", "part_mass_log": "log(Jet_mass)"},
+        particle_features=["part_pt_log", "Jet_eta", "Jet_phi", "part_mass_log", "Jet_btagDeepB"],
+        jet_features=["MET_pt", "nJet"],
+        sort_by="Jet_pt",
+        labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
+        max_particles=10,
+        val_fraction=0.2,
+        test_fraction=0.2,
+    )
+    index = shard_jets(tmp_path / "n.json", tmp_path / "nano_shards", nano)
+    n_mu = uproot.open(ROOT_FILES / "nanoAOD_2015_CMS_Open_Data_ttbar.root")["Events"]["nMuon"]
+    want = np.bincount(np.minimum(n_mu.array(library="np"), 3), minlength=4)[:3]
+    got = [sum(index["splits"][s]["class_counts"][c] for s in index["splits"]) for c in
+           ("0mu", "1mu", "2mu")]  # fmt: skip
+    assert got == want.tolist()
+
+
+@pytest.fixture(scope="module")
+def toy_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("toyjets")
+    generate_dataset(d, ToyJetsConfig(files_per_class=1, jets_per_file=150), progress=False)
+    return d
+
+
+def _dataset(toy_files, tmp_path, damage=None):
+    src = tmp_path / "src"
+    shutil.copytree(toy_files, src)
+    if damage:
+        damage(src)
+    stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"], retries=0)
+    return tmp_path / "m.json"
+
+
+def _truncate(src):
+    p = src / "Wqq_000.root"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _not_root(src):
+    (src / "Wqq_000.root").write_bytes(b"not a ROOT file at all" * 100)
+
+
+def _other_tree(src):
+    with uproot.recreate(src / "Wqq_000.root") as f:
+        f.mktree("other", {"x": np.float32}).extend({"x": np.zeros(3, np.float32)})
+
+
+def _other_type(src):
+    with uproot.open(src / "Hbb_000.root") as f:
+        arrays = f["tree"].arrays(library="ak")
+    fields = {k: arrays[k] for k in arrays.fields}
+    fields["jet_pt"] = ak.values_astype(fields["jet_pt"], np.float64)
+    with uproot.recreate(src / "Wqq_000.root") as f:
+        f.mktree("tree", {k: v.type for k, v in fields.items()}).extend(fields)
+
+
+def _nan(src):
+    with uproot.open(src / "Hbb_000.root") as f:
+        arrays = f["tree"].arrays(library="ak")
+    fields = {k: arrays[k] for k in arrays.fields}
+    jet_pt = ak.to_numpy(fields["jet_pt"]).copy()
+    jet_pt[7] = np.nan
+    fields["jet_pt"] = jet_pt
+    with uproot.recreate(src / "Wqq_000.root") as f:
+        f.mktree(
+            "tree", {k: v.type if isinstance(v, ak.Array) else v.dtype for k, v in fields.items()}
+        ).extend(fields)
+
+
+@pytest.mark.parametrize(
+    "damage,match",
+    [
+        (_truncate, r"Wqq_000\.root.*(cannot open as ROOT|truncated or corrupt)"),
+        (_not_root, r"Wqq_000\.root: cannot open as ROOT"),
+        (_other_tree, r"Wqq_000\.root: no tree 'tree' \(found \['other'\]\)"),
+        (
+            _other_type,
+            r"Wqq_000\.root: branch 'jet_pt' of tree 'tree' is AsDtype\('>f8'\), "
+            r"but AsDtype\('>f4'\)",
+        ),
+        (
+            _nan,
+            r"Wqq_000\.root, tree 'tree', entries 0-150: branch 'jet_pt' holds NaN/inf at entry 7",
+        ),
+    ],
+)
+def test_bad_files_fail_naming_file_tree_and_branch_or_are_skipped(
+    toy_files, tmp_path, damage, match
+):
+    manifest = _dataset(toy_files, tmp_path, damage)
+    cfg = dict(max_particles=16, jets_per_shard=500, jet_features=["jet_pt", "jet_sdmass"])
+    with pytest.raises(VoxjetError, match=match):
+        shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg))
+    assert not (tmp_path / "shards").exists()  # never a partial shard
+    index = shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg, on_bad_file="skip"))
+    assert [s["file"] for s in index["skipped"]] == ["Wqq_000.root"]
+    assert index["splits"]["train"]["class_counts"]["Wqq"] == 0
+    assert sum(index["splits"]["train"]["class_counts"].values()) > 0
+
+
+def test_a_branch_missing_or_a_selection_that_keeps_nothing_names_it(toy_files, tmp_path):
+    manifest = _dataset(toy_files, tmp_path)
+    with pytest.raises(VoxjetError, match=r"has no branches \['jet_bogus'\].*new_variables"):
+        shard_jets(manifest, tmp_path / "s", JetDataConfig(jet_features=["jet_bogus"]))
+    with pytest.raises(VoxjetError, match=r"no jet passes the selection 'jet_pt > 1e9'"):
+        shard_jets(manifest, tmp_path / "s", JetDataConfig(selection="jet_pt > 1e9"))
+    with pytest.raises(VoxjetError, match="'jet_pt' has one value a jet.*jet_features"):
+        shard_jets(manifest, tmp_path / "s", JetDataConfig(particle_features=["jet_pt"]))
+    assert not (tmp_path / "s").exists()

@@ -8,6 +8,7 @@ import shutil
 import awkward as ak
 import numpy as np
 import pytest
+import torch
 import uproot
 from conftest import SHARED_DATA
 
@@ -224,3 +225,54 @@ def test_a_branch_missing_or_a_selection_that_keeps_nothing_names_it(toy_files, 
     with pytest.raises(VoxjetError, match="'jet_pt' has one value a jet.*jet_features"):
         shard_jets(manifest, tmp_path / "s", JetDataConfig(particle_features=["jet_pt"]))
     assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def many_shards(toy_files, tmp_path_factory):
+    d = tmp_path_factory.mktemp("stream")
+    stage(str(toy_files), d / "staged", d / "m.json", patterns=["*.root"])
+    cfg = JetDataConfig(max_particles=8, jets_per_shard=60, shard_jobs=2, val_fraction=0.1,
+                        test_fraction=0.1)  # fmt: skip
+    shard_jets(d / "m.json", d / "shards", cfg)
+    return d / "shards"
+
+
+def _sources(batches) -> list[tuple[int, int]]:
+    return [tuple(r) for b in batches for r in b["source"].tolist()]
+
+
+def test_stream_ranks_and_workers_read_disjoint_jets_and_equal_batch_counts(many_shards):
+    from voxjet.jets.stream import JetStream
+
+    seen, counts = [], []
+    for rank in range(2):
+        s = JetStream(many_shards, "train", 16, seed=1, rank=rank, world=2, block_jets=20,
+                      buffer_blocks=3).at(0, 0)  # fmt: skip
+        loader = torch.utils.data.DataLoader(s, batch_size=None, num_workers=2)
+        batches = list(loader)
+        counts.append(len(batches))
+        seen += _sources(batches)
+        # the shuffle buffer mixes jets of several shards into one batch
+        assert max(len(set(b["source"][:, 0].tolist())) for b in batches) > 1
+    assert counts[0] == counts[1] > 0
+    assert len(seen) == len(set(seen))  # no jet twice in an epoch, across ranks and workers
+    n_train = sum(s["jets"] for s in s.index["splits"]["train"]["shards"])
+    assert len(seen) > 0.6 * n_train
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_is_seeded_and_resumes_at_any_batch(many_shards, workers):
+    from voxjet.jets.stream import JetStream
+
+    def run(epoch, start, seed=1):
+        s = JetStream(many_shards, "train", 16, seed=seed, block_jets=20, buffer_blocks=3)
+        s.at(epoch, start)
+        it = s if workers == 0 else torch.utils.data.DataLoader(s, batch_size=None,
+                                                                  num_workers=workers)  # fmt: skip
+        return _sources(list(it))
+
+    full = run(0, 0)
+    assert full == run(0, 0)
+    assert full != run(1, 0) and full != run(0, 0, seed=2)
+    for start in (1, 3, 4):
+        assert run(0, start) == full[start * 16 :]

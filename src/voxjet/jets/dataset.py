@@ -1,9 +1,9 @@
-"""Jet shards read into memory, and deterministic per-rank batches (exact resume by position)."""
+"""Jet shards read into memory (validation, test and evaluation; training streams them with
+voxjet.jets.stream)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,21 +78,3 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
     )
-
-
-def epoch_batches(
-    n: int, batch_size: int, epoch: int, start: int, seed: int, rank: int, world: int
-) -> Iterator[np.ndarray]:
-    """Row indices of this rank's batches: a seeded permutation per epoch, split by rank,
-    starting at batch `start` so a resumed run continues where the checkpoint left off."""
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    per_rank = n // world
-    mine = perm[rank * per_rank : (rank + 1) * per_rank]
-    n_batches = len(mine) // batch_size
-    if n_batches == 0:
-        raise VoxjetError(
-            f"{n} training jets over {world} ranks is less than one batch of "
-            f"{batch_size}: lower train.batch_size"
-        )
-    for b in range(start, n_batches):
-        yield mine[b * batch_size : (b + 1) * batch_size]

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
-from voxjet.jets.dataset import epoch_batches, load_index, load_split
+from voxjet.jets.dataset import load_index, load_split
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
+from voxjet.jets.stream import JetStream
 from voxjet.training.loop import TrainSettings, train
 
 
@@ -34,8 +35,8 @@ class JetTask:
     """Jet tagging for the shared loop: cross-entropy on shards, macro AUC picks the best."""
 
     def __init__(self, shard_dir: str | Path, model_cfg: dict[str, Any], s: TrainSettings):
+        self.dir = Path(shard_dir)
         self.index = load_index(shard_dir)
-        self.train_data = load_split(shard_dir, "train")
         self.val_data = load_split(shard_dir, "val")
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
@@ -56,25 +57,22 @@ class JetTask:
     def model_config(self) -> dict[str, Any]:
         return {**self.model_cfg, "classes": self.index["classes"]}
 
+    def stream(self, rt: Runtime) -> JetStream:
+        """This rank's share of the training shards, streamed."""
+        return JetStream(self.dir, "train", self.s.batch_size, self.s.seed, rt.rank, rt.world_size)
+
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        for idx in epoch_batches(
-            len(self.train_data),
-            self.s.batch_size,
-            epoch,
-            start,
-            self.s.seed,
-            rt.rank,
-            rt.world_size,
-        ):
-            yield {**self.train_data.take(idx), "index": idx}
+        self._stream = self.stream(rt).at(epoch, start)
+        if self.s.loader_workers == 0:
+            yield from self._stream
+            return
+        yield from torch.utils.data.DataLoader(
+            self._stream, batch_size=None, num_workers=self.s.loader_workers
+        )
 
     def describe(self, batch) -> str:
         """Which shards and rows a batch came from (for error messages)."""
-        shards = self.index["splits"]["train"]["shards"]
-        ends = np.cumsum([sh["jets"] for sh in shards])
-        rows = np.sort(np.asarray(batch["index"]))
-        where = sorted({shards[int(np.searchsorted(ends, r, side="right"))]["file"] for r in rows})
-        return f"train-split rows {rows[:5].tolist()}... in shards {where}"
+        return self._stream.describe(batch)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         logits = model(batch["particles"].to(device), batch["mask"].to(device))

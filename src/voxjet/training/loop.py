@@ -46,6 +46,7 @@ class TrainSettings:
     checkpoint_every: int = 100
     scale_lr_with_world: bool = True
     prefetch: int = 2
+    loader_workers: int = 0
     seed: int = 0
     pipeline_stages: int = 1
     microbatches: int = 4

@@ -1,0 +1,174 @@
+"""A streaming jet loader: whole batches from the shards, never the split in memory.
+
+The split's shards are cut into blocks of consecutive jets (one contiguous HDF5 read each).
+Each epoch a seeded permutation of the blocks is dealt out to the streams — one per (rank,
+DataLoader worker) — so streams read disjoint data; a stream fills a shuffle buffer with
+several blocks (so a batch mixes jets of several shards and files), permutes it, and emits
+batches, carrying the remainder into the next buffer. Every stream yields the same number of
+batches an epoch (what DDP needs), all of it fixed by (seed, epoch): a resumed run that skips
+the first `start` batches sees exactly the batches an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers the LZ4 filter the shards are written with)
+import numpy as np
+import torch
+
+from voxjet.errors import VoxjetError
+from voxjet.io.atomic import read_json
+
+KEYS = ("particles", "mask", "jets", "labels")
+
+
+@dataclass(frozen=True)
+class Block:
+    """Jets [start, stop) of one shard file."""
+
+    shard: str
+    start: int
+    stop: int
+
+
+def split_blocks(index: dict, split: str, block_jets: int) -> list[Block]:
+    """The split's shards cut into blocks of at most `block_jets` consecutive jets."""
+    shards = index["splits"].get(split, {}).get("shards", [])
+    return [
+        Block(s["file"], lo, min(lo + block_jets, s["jets"]))
+        for s in shards
+        for lo in range(0, s["jets"], block_jets)
+    ]
+
+
+class JetStream(torch.utils.data.IterableDataset):
+    """Batches of one split for one rank; under a DataLoader, its workers split the rank's
+    share again. Set the epoch and the starting batch with `at(epoch, start)`."""
+
+    def __init__(
+        self,
+        shard_dir: str | os.PathLike,
+        split: str,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
+        block_jets: int = 2048,
+        buffer_blocks: int = 8,
+    ) -> None:
+        self.dir = Path(shard_dir)
+        self.index = read_json(self.dir / "index.json")
+        self.blocks = split_blocks(self.index, split, block_jets)
+        if not self.blocks:
+            raise VoxjetError(f"{self.dir}/index.json: split {split!r} has no jets")
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.rank, self.world = rank, world
+        self.buffer_blocks = buffer_blocks
+        self.epoch, self.start = 0, 0
+
+    def at(self, epoch: int, start: int) -> JetStream:
+        """Iterate epoch `epoch` from its batch `start` (a checkpoint's position)."""
+        self.epoch, self.start = epoch, start
+        return self
+
+    def _streams(self) -> tuple[int, int]:
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        return self.rank * workers + worker, self.world * workers
+
+    def _deal(self, n_streams: int) -> list[list[Block]]:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.blocks))
+        return [[self.blocks[i] for i in order[s::n_streams]] for s in range(n_streams)]
+
+    def batches_per_epoch(self, workers: int = 1) -> int:
+        """Batches every stream yields an epoch: the least any stream's blocks allow."""
+        dealt = self._deal(self.world * workers)
+        per = min(sum(b.stop - b.start for b in blocks) // self.batch_size for blocks in dealt)
+        if per == 0:
+            raise VoxjetError(
+                f"{self.dir}: {sum(b.stop - b.start for b in self.blocks)} {self.split} jets "
+                f"over {self.world * workers} loader streams is less than one batch of "
+                f"{self.batch_size} each: lower train.batch_size"
+            )
+        return per
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        stream, n_streams = self._streams()
+        workers = n_streams // self.world
+        quota = self.batches_per_epoch(workers)
+        # A DataLoader takes batches from its workers in turn, starting with worker 0: batch i
+        # of the rank is logical stream i % workers. Resuming at batch `start`, worker w plays
+        # logical stream (w + start) % workers, so the order goes on where it stopped.
+        logical = (stream - self.rank * workers + self.start) % workers
+        stream = self.rank * workers + logical
+        skip = max(0, -(-(self.start - logical) // workers))
+        mine = self._deal(n_streams)[stream]
+        rng = np.random.default_rng([self.seed, self.epoch, stream])
+        files: dict[str, h5py.File] = {}
+        carry: dict[str, np.ndarray] | None = None
+        made = 0
+        try:
+            for lo in range(0, len(mine), self.buffer_blocks):
+                parts = [self._read(files, b) for b in mine[lo : lo + self.buffer_blocks]]
+                if carry is not None:
+                    parts.insert(0, carry)
+                buf = {k: np.concatenate([p[k] for p in parts]) for k in KEYS + ("source",)}
+                perm = rng.permutation(len(buf["labels"]))
+                buf = {k: v[perm] for k, v in buf.items()}
+                n_full = len(perm) // self.batch_size
+                for b in range(n_full):
+                    if made >= quota:
+                        return
+                    if made >= skip:
+                        sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
+                        yield self._batch({k: v[sl] for k, v in buf.items()})
+                    made += 1
+                carry = {k: v[n_full * self.batch_size :] for k, v in buf.items()}
+        finally:
+            for f in files.values():
+                f.close()
+
+    def _read(self, files: dict[str, h5py.File], block: Block) -> dict[str, np.ndarray]:
+        path = self.dir / block.shard
+        try:
+            f = files.get(block.shard)
+            if f is None:
+                f = files[block.shard] = h5py.File(path, "r")
+            out = {k: f[k][block.start : block.stop] for k in KEYS}
+        except (OSError, KeyError) as e:
+            raise VoxjetError(
+                f"{path}: jets {block.start}-{block.stop} unreadable ({e}); rerun the shard stage"
+            ) from e
+        # where each jet came from, for error messages: (shard number, row)
+        shard_no = self._shard_numbers()[block.shard]
+        out["source"] = np.stack(
+            [np.full(block.stop - block.start, shard_no), np.arange(block.start, block.stop)], 1
+        )
+        return out
+
+    def _shard_numbers(self) -> dict[str, int]:
+        if not hasattr(self, "_numbers"):
+            shards = self.index["splits"][self.split]["shards"]
+            self._numbers = {s["file"]: i for i, s in enumerate(shards)}
+        return self._numbers
+
+    def _batch(self, b: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {
+            "particles": torch.from_numpy(b["particles"]),
+            "mask": torch.from_numpy(b["mask"]),
+            "jets": torch.from_numpy(b["jets"]),
+            "labels": torch.from_numpy(b["labels"]).long(),
+            "source": torch.from_numpy(b["source"]),
+        }
+
+    def describe(self, batch: dict[str, torch.Tensor]) -> str:
+        """Which shards and rows a batch came from."""
+        shards = self.index["splits"][self.split]["shards"]
+        src = batch["source"].numpy()
+        files = sorted({shards[int(i)]["file"] for i in src[:, 0]})
+        return f"{self.split} jets {src[:3].tolist()}... of shards {files}"

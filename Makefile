@@ -21,7 +21,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -e ".[dev,pythia]"
 	touch $@
 
 demo: venv

@@ -14,7 +14,9 @@ from conftest import job_counts, run_snakemake, write_config
 TINY = {
     "datasets": {
         "toy_jets": {
-            "source": {"synthetic": {"files_per_class": 1, "jets_per_file": 400}},
+            "source": {
+                "synthetic": {"generator": "toy", "files_per_class": 1, "jets_per_file": 400}
+            },
             "jets": {"max_particles": 32, "jets_per_shard": 500},
         },
         "toy_ct": {

@@ -131,7 +131,9 @@ def test_training_checkpoints_and_stops_before_the_time_limit(shards, tmp_path, 
 TINY = {
     "datasets": {
         "toy_jets": {
-            "source": {"synthetic": {"files_per_class": 1, "jets_per_file": 300}},
+            "source": {
+                "synthetic": {"generator": "toy", "files_per_class": 1, "jets_per_file": 300}
+            },
             "jets": {"max_particles": 24, "jets_per_shard": 400},
         },
         "toy_ct": {

@@ -12,17 +12,24 @@ from voxjet.errors import VoxjetError
 
 
 def _synth_jets(a: argparse.Namespace) -> None:
-    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+    from voxjet.jets.synth import ToyJetsConfig
 
-    if a.generator != "toy":
-        raise VoxjetError(f"generator {a.generator!r} is not available; use 'toy'")
     cfg = ToyJetsConfig(
         classes=a.classes,
         files_per_class=a.files_per_class,
         jets_per_file=a.jets_per_file,
         seed=a.seed,
     )
-    generate_dataset(a.out, cfg)
+    if a.generator == "toy":
+        from voxjet.jets.synth import generate_dataset
+
+        generate_dataset(a.out, cfg)
+    elif a.generator == "pythia":
+        from voxjet.jets.pythia import generate_dataset as pythia_dataset
+
+        pythia_dataset(a.out, cfg, workers=a.workers)
+    else:
+        raise VoxjetError(f"generator {a.generator!r}: use 'pythia' or 'toy'")
 
 
 def _synth_volumes(a: argparse.Namespace) -> None:
@@ -155,9 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="voxjet", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("synth-jets", help="write toy jets as ROOT files in the JetClass schema")
+    s = sub.add_parser(
+        "synth-jets", help="write demo jets (Pythia 8 or toy) as ROOT files in the JetClass schema"
+    )
     s.add_argument("--out", required=True)
-    s.add_argument("--generator", default="toy")
+    s.add_argument("--generator", default="toy", help="pythia (Pythia 8 + FastJet) or toy")
+    s.add_argument("--workers", type=int, default=1, help="files generated at once (pythia)")
     s.add_argument("--classes", nargs="+", default=["QCD", "Hbb", "Wqq", "Tbqq"])
     s.add_argument("--files-per-class", type=int, default=2)
     s.add_argument("--jets-per-file", type=int, default=2000)

@@ -1,4 +1,5 @@
-# Demo data: toy jets as ROOT files (JetClass schema) and toy CT volumes (MSD layout).
+# Demo data: jets from Pythia 8 (or the toy generator) as ROOT files in the JetClass schema, and
+# toy CT volumes in the MSD layout.
 
 
 rule synth_jets:
@@ -12,14 +13,14 @@ rule synth_jets:
         "results/benchmarks/synth_jets/{dataset}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("jets")),
-    threads: 1
+    threads: 2
     resources:
         mem_mb=2000,
         runtime=30,
     conda:
         ENV
     shell:
-        "voxjet synth-jets --out {output} {params.args} > {log} 2>&1"
+        "voxjet synth-jets --out {output} --workers {threads} {params.args} > {log} 2>&1"
 
 
 rule synth_volumes:

@@ -227,17 +227,8 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
     }
 
 
-def generate_file(
-    path: str | os.PathLike,
-    cls: str,
-    n_jets: int,
-    seed: int,
-    cfg: ToyJetsConfig,
-    tree: str = "tree",
-) -> None:
-    """Write one ROOT file of `n_jets` jets of class `cls` (as JetClass does: a process a file)."""
-    rng = np.random.default_rng(seed)
-    jets = [generate_jet(rng, cls, cfg) for _ in range(n_jets)]
+def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = "tree") -> None:
+    """Write jets (as `generate_jet` returns them) of class `cls` as a JetClass-schema file."""
     part = ak.zip(
         {k: ak.Array([j["part"][k].astype(np.float32) for j in jets]) for k in jets[0]["part"]}
     )
@@ -248,13 +239,26 @@ def generate_file(
     for i in range(4):
         branches[f"jet_tau{i + 1}"] = taus[:, i]
     for i, name in enumerate(LABEL_BRANCHES):
-        branches[name] = np.full(n_jets, CLASSES[i] == cls, dtype=_LABEL_DTYPES[i % 3])
+        branches[name] = np.full(len(jets), CLASSES[i] == cls, dtype=_LABEL_DTYPES[i % 3])
     with atomic_path(path) as tmp:
         with uproot.recreate(tmp, compression=uproot.LZ4(4)) as f:
             # mktree, not f[tree] = ...: recent uproot writes an RNTuple for the latter, and
             # JetClass is a TTree (`part_*` jagged branches with an `npart` counter).
             types = {k: v.type if isinstance(v, ak.Array) else v.dtype for k, v in branches.items()}
             f.mktree(tree, types).extend(branches)
+
+
+def generate_file(
+    path: str | os.PathLike,
+    cls: str,
+    n_jets: int,
+    seed: int,
+    cfg: ToyJetsConfig,
+    tree: str = "tree",
+) -> None:
+    """Write one ROOT file of `n_jets` jets of class `cls` (as JetClass does: a process a file)."""
+    rng = np.random.default_rng(seed)
+    write_jets(path, [generate_jet(rng, cls, cfg) for _ in range(n_jets)], cls, tree)
 
 
 def generate_dataset(

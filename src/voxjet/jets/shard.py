@@ -202,8 +202,9 @@ def _check_finite(arrays, entries: np.ndarray) -> None:
 
 def _read_range(
     path: Path, tree, v: Variables, cfg: JetDataConfig, branches: list[str], start: int, stop: int
-) -> dict[str, np.ndarray]:
-    """Features, labels, split and entry of the selected, labelled jets in [start, stop)."""
+) -> list[dict[str, np.ndarray]]:
+    """Chunks of features, labels, split and entry of the selected, labelled jets in
+    [start, stop) (kept as read: concatenating padded particle arrays is the costly part)."""
     parts = []
     need = branches + _label_branches(cfg.labels)
     try:
@@ -219,15 +220,19 @@ def _read_range(
             entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
             _check_finite(arrays, entries)
             keep = select(arrays, v)
-            if keep is not None:
-                arrays, entries = arrays[keep], entries[keep]
+            labels = jet_labels(arrays, cfg.labels, path.name)
+            # drop unselected and unlabelled jets before any feature is computed
+            keep = labels >= 0 if keep is None else keep & (labels >= 0)
+            if not keep.all():
+                arrays, entries, labels = arrays[keep], entries[keep], labels[keep]
             if len(arrays) == 0:
                 continue
             out = compute_features(
                 arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
             )
-            out["labels"] = jet_labels(arrays, cfg.labels, path.name)
+            out["labels"] = labels
             out["entry"] = entries
+            out["split"] = split_of(path.name, entries, cfg)
             parts.append(out)
     except VoxjetError as e:
         raise BadFile(f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: {e}") from e
@@ -236,13 +241,7 @@ def _read_range(
             f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: cannot read ({type(e).__name__}: "
             f"{e}); the file may be truncated or corrupt: re-stage it"
         ) from e
-    if not parts:
-        return {}
-    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    keep = merged["labels"] >= 0
-    merged = {k: val[keep] for k, val in merged.items()}
-    merged["split"] = split_of(path.name, merged["entry"], cfg)
-    return merged
+    return parts
 
 
 def _entries(path: Path, tree, manifest_entry: dict) -> int:
@@ -264,17 +263,37 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
         f.attrs["format_version"] = FORMAT_VERSION
 
 
-def _sums(data: dict[str, np.ndarray]) -> dict[str, list[float] | int]:
-    real = data["particles"][data["mask"]].astype(np.float64)
-    jets = data["jets"].astype(np.float64)
-    return {
-        "particles_n": int(len(real)),
-        "particles_sum": real.sum(0).tolist(),
-        "particles_sumsq": (real**2).sum(0).tolist(),
-        "jets_n": int(len(jets)),
-        "jets_sum": jets.sum(0).tolist(),
-        "jets_sumsq": (jets**2).sum(0).tolist(),
+def _gather(chunks: list[dict[str, np.ndarray]], where: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows (chunk, row) of the chunks, in that order, as one shard's arrays."""
+    out = {
+        k: np.empty((len(where), *chunks[0][k].shape[1:]), chunks[0][k].dtype)
+        for k in ("particles", "mask", "jets", "labels")
     }
+    for i, c in enumerate(chunks):
+        sel = np.flatnonzero(where[:, 0] == i)
+        if len(sel):
+            for k in out:
+                out[k][sel] = c[k][where[sel, 1]]
+    return out
+
+
+def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
+    """Counts, sums and sums of squares (float64) of real particles' and jets' features."""
+    w = data["mask"].astype(np.float32)
+    p, j = data["particles"], data["jets"]
+    return {
+        "particles_n": int(w.sum()),
+        "particles_sum": np.einsum("npf,np->f", p, w, dtype=np.float64),
+        "particles_sumsq": np.einsum("npf,npf,np->f", p, p, w, dtype=np.float64),
+        "jets_n": int(len(j)),
+        "jets_sum": np.einsum("nf->f", j, dtype=np.float64),
+        "jets_sumsq": np.einsum("nf,nf->f", j, j, dtype=np.float64),
+    }
+
+
+def _add_sums(sums: list[dict]) -> dict[str, list[float] | int]:
+    return {k: (sum(s[k] for s in sums) if k.endswith("_n") else
+                np.sum([s[k] for s in sums], axis=0).tolist()) for k in sums[0]}  # fmt: skip
 
 
 def shard_part(
@@ -312,36 +331,42 @@ def shard_part(
             print(f"skipping: {e}", file=sys.stderr)
             skipped.append({"file": entry["path"], "reason": str(e)})
             continue
-        per_file[entry["path"]] = int(len(data.get("labels", [])))
-        if data:
-            chunks.append(data)
+        per_file[entry["path"]] = int(sum(len(c["labels"]) for c in data))
+        chunks += data
     classes = class_names(cfg.labels)
-    data = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]} if chunks else {}
-    n = len(data.get("labels", []))
-    perm = np.random.default_rng([cfg.seed, part]).permutation(n)
-    data = {k: val[perm] for k, val in data.items()}
+    # Small columns are concatenated; the padded particles stay in their chunks and each
+    # shard gathers its rows from them once (one copy of every byte).
+    small = {
+        k: np.concatenate([c[k] for c in chunks]) if chunks else np.zeros(0, np.int64)
+        for k in ("labels", "split")
+    }
+    where = (
+        np.concatenate([np.stack([np.full(len(c["labels"]), i), np.arange(len(c["labels"]))], 1)
+                        for i, c in enumerate(chunks)])
+        if chunks
+        else np.zeros((0, 2), np.int64)
+    )  # fmt: skip
+    order = np.random.default_rng([cfg.seed, part]).permutation(len(small["labels"]))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
                      "skipped": skipped, "splits": {}}  # fmt: skip
     with atomic_path(out_dir, directory=True) as tmp:
         for code, split in ((0, "train"), (1, "val"), (2, "test")):
-            sel = {k: val[data["split"] == code] for k, val in data.items()} if n else {}
-            m = len(sel.get("labels", []))
-            shards = []
-            for i, start in enumerate(range(0, m, cfg.jets_per_shard)):
+            rows = order[small["split"][order] == code]
+            shards, sums = [], []
+            for i, start in enumerate(range(0, len(rows), cfg.jets_per_shard)):
                 name = f"{split}_{i:03d}.h5"
-                piece = {k: val[start : start + cfg.jets_per_shard] for k, val in sel.items()}
+                piece = _gather(chunks, where[rows[start : start + cfg.jets_per_shard]])
                 _write_shard(tmp / name, piece, cfg)
                 shards.append({"file": name, "jets": int(len(piece["labels"]))})
-            hist = (
-                np.bincount(sel["labels"], minlength=len(classes)).tolist()
-                if m
-                else [0] * len(classes)
-            )
+                if split == "train":
+                    sums.append(_sums(piece))
+            labels = small["labels"][rows]
+            hist = np.bincount(labels, minlength=len(classes)).tolist()
             summary["splits"][split] = {
-                "jets": m,
+                "jets": int(len(rows)),
                 "shards": shards,
                 "class_counts": dict(zip(classes, hist, strict=True)),
-                **({"sums": _sums(sel)} if m and split == "train" else {}),
+                **({"sums": _add_sums(sums)} if sums else {}),
             }
         (tmp / "part.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -1,0 +1,131 @@
+"""The jets data path, measured side by side in one run on generated JetClass-schema files:
+
+1. shard conversion throughput ÷ plain `uproot.iterate` of the same branches, nothing written
+   (target ≥ 0.7);
+2. jets/s from the shards through voxjet's streaming loader ÷ a weaver-style loader that reads
+   the ROOT files and computes and pads the features batch by batch (same batch size, same
+   DataLoader workers; target ≥ 10);
+3. loader jets/s ÷ a raw h5py read of every shard (target ≥ 0.5: the loader adds little).
+
+    python benchmarks/jets_io.py            # about a minute on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import uproot
+
+from voxjet.jets.features import branches_needed, compute_features, variables
+from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.stream import JetStream
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+from voxjet.stage.transfer import stage
+
+
+class WeaverStyle(torch.utils.data.IterableDataset):
+    """Reads the ROOT files in steps of one batch and builds each batch's padded arrays from
+    the branches (what a loader without a conversion step does), files split over workers."""
+
+    def __init__(self, files: list[Path], cfg: JetDataConfig, batch: int) -> None:
+        self.files, self.cfg, self.batch = files, cfg, batch
+        self.v = variables(cfg.new_variables, cfg.selection)
+        self.branches = branches_needed(
+            self.v, cfg.particle_features, cfg.jet_features, cfg.sort_by
+        ) + list(cfg.labels)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        mine = self.files[info.id :: info.num_workers] if info else self.files
+        for arrays in uproot.iterate(
+            [f"{f}:{self.cfg.tree}" for f in mine], self.branches, step_size=self.batch
+        ):
+            out = compute_features(
+                arrays,
+                self.v,
+                self.cfg.particle_features,
+                self.cfg.jet_features,
+                self.cfg.max_particles,
+                self.cfg.sort_by,
+            )
+            yield {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def _rate(make_iter, repeats: int = 2) -> float:
+    """Jets a second, the best of `repeats` full passes."""
+    best = 0.0
+    for _ in range(repeats):
+        t, n = time.perf_counter(), 0
+        for b in make_iter():
+            n += len(b["mask"]) if "mask" in b else len(b["labels"])
+        best = max(best, n / (time.perf_counter() - t))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jets-per-file", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        generate_dataset(d / "raw", ToyJetsConfig(files_per_class=2, jets_per_file=a.jets_per_file),
+                         progress=False)  # fmt: skip
+        stage(str(d / "raw"), d / "staged", d / "m.json", patterns=["*.root"])
+        files = sorted((d / "staged").glob("*.root"))
+        cfg = JetDataConfig(max_particles=128, jets_per_shard=10000, step_size=20000)
+        n_jets = len(files) * a.jets_per_file
+        v = variables(cfg.new_variables, cfg.selection)
+        branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
+        branches += list(cfg.labels)
+
+        t = time.perf_counter()
+        for arrays in uproot.iterate([f"{f}:tree" for f in files], branches, step_size=20000):
+            len(arrays)
+        t_read = time.perf_counter() - t
+        t = time.perf_counter()
+        shard_jets(d / "m.json", d / "shards", cfg)
+        t_shard = time.perf_counter() - t
+
+        def loader():
+            s = JetStream(d / "shards", "train", a.batch, seed=0).at(0, 0)
+            return torch.utils.data.DataLoader(s, batch_size=None, num_workers=a.workers)
+
+        def weaver():
+            w = WeaverStyle(files, cfg, a.batch)
+            return torch.utils.data.DataLoader(w, batch_size=None, num_workers=a.workers)
+
+        import h5py
+        import hdf5plugin  # noqa: F401
+
+        from voxjet.io.atomic import read_json
+
+        shards = read_json(d / "shards" / "index.json")["splits"]["train"]["shards"]
+
+        def raw():
+            for s in shards:
+                with h5py.File(d / "shards" / s["file"], "r") as f:
+                    yield {k: f[k][...] for k in ("particles", "mask", "jets", "labels")}
+
+        ours, theirs, bare = _rate(loader), _rate(weaver), _rate(raw)
+    rows = [
+        ("shard conversion ÷ uproot.iterate alone (throughput)", t_read / t_shard, 0.7,
+         f"{n_jets / t_shard:,.0f} vs {n_jets / t_read:,.0f} jets/s"),
+        (f"loader ÷ weaver-style ROOT loader (jets/s, batch {a.batch}, {a.workers} workers)",
+         ours / theirs, 10, f"{ours:,.0f} vs {theirs:,.0f} jets/s"),
+        ("loader ÷ raw h5py read of the shards (jets/s)", ours / bare, 0.5,
+         f"{ours:,.0f} vs {bare:,.0f} jets/s"),
+    ]  # fmt: skip
+    print(f"{n_jets:,} toy jets in {len(files)} files, 128 particles x 17 features")
+    for name, ratio, target, detail in rows:
+        ok = "PASS" if ratio >= target else "FAIL"
+        print(f"{name:<72} {ratio:6.2f} (target >= {target}) {ok}  [{detail}]")
+
+
+if __name__ == "__main__":
+    main()

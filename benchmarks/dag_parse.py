@@ -71,7 +71,11 @@ def main() -> None:
         )
         config = {
             "datasets": {
-                "jetclass": {"domain": "jets", "source": {"file_list": str(d / "files.txt")}},
+                "jetclass": {
+                    "domain": "jets",
+                    "source": {"file_list": str(d / "files.txt")},
+                    "jets": {"shard_jobs": 100},  # the scatter: 100 shard jobs
+                },
                 "large_ct": {"domain": "volumes", "source": {"path": str(msd)}},
             },
             "experiments": {

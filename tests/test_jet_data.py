@@ -303,3 +303,24 @@ def test_constituents_separate_classes_better_than_the_jet_mass(tmp_path, genera
     m = evaluate(str(shards), str(tmp_path / "run" / "model.pt"), str(tmp_path / "eval"))
     mass_auc = m["baseline_jet_mass"]["auc_macro"]
     assert 0.6 < mass_auc < m["auc_macro"] - 0.03, (m["auc_macro"], mass_auc)
+
+
+def test_stream_reads_shards_from_a_slow_remote_url_with_the_same_batches(many_shards):
+    """Shards behind 20 ms a request (the latency filesystem): the stream fetches them in
+    concurrent ranges, files ahead, and yields exactly the local stream's batches; a read
+    that keeps failing stops it naming the URL and bytes."""
+    import voxjet.io.latency  # noqa: F401  (also registered as an fsspec entry point)
+    from voxjet.io.fetch import FetchConfig, FetchError
+    from voxjet.jets.stream import JetStream
+
+    local = _sources(JetStream(many_shards, "train", 16, seed=1, block_jets=None).at(0, 0))
+    opts = {"delay_s": 0.02}
+    fetch = FetchConfig(threads=8, block_bytes=32 << 10)
+    remote = JetStream(f"latency://{many_shards}", "train", 16, seed=1, fetch=fetch,
+                       storage_options=opts)  # fmt: skip
+    assert _sources(remote.at(0, 0)) == local
+    failing = {"delay_s": 0.0, "fail_every": 1, "fail_match": ".h5"}
+    broken = JetStream(f"latency://{many_shards}", "train", 16, seed=1,
+                       fetch=FetchConfig(retries=1), storage_options=failing)  # fmt: skip
+    with pytest.raises(FetchError, match=r"shards/part_\d+/train_\d+\.h5: bytes \d+-\d+ unread"):
+        list(broken.at(0, 0))

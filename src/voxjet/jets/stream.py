@@ -11,8 +11,12 @@ the first `start` batches sees exactly the batches an uninterrupted run would ha
 
 from __future__ import annotations
 
+import io
+import json
 import os
+from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +27,7 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
+from voxjet.io.fetch import FetchConfig, Fetcher
 
 KEYS = ("particles", "mask", "jets", "labels")
 
@@ -58,18 +63,40 @@ class JetStream(torch.utils.data.IterableDataset):
         seed: int = 0,
         rank: int = 0,
         world: int = 1,
-        block_jets: int = 2048,
+        block_jets: int | None = 2048,
         buffer_blocks: int = 8,
+        fetch: FetchConfig | None = None,
+        lookahead: int = 2,
+        storage_options: dict | None = None,
     ) -> None:
-        self.dir = Path(shard_dir)
-        self.index = read_json(self.dir / "index.json")
+        # a local folder, or an fsspec URL (s3://, root://, https://, latency::file://...):
+        # remote shards are fetched whole, in concurrent ranges, `lookahead` files ahead
+        self.url = str(shard_dir)
+        self.remote = "://" in self.url
+        self.dir = Path(shard_dir) if not self.remote else None
+        self.fetch, self.lookahead = fetch or FetchConfig(), lookahead
+        self.storage_options = storage_options or {}
+        self.index = self._index()
+        if block_jets is None or self.remote:
+            # remote: whole shards are the units, so each file is fetched once an epoch
+            block_jets = max(
+                s["jets"] for s in self.index["splits"][split]["shards"] or [{"jets": 1}]
+            )
         self.blocks = split_blocks(self.index, split, block_jets)
         if not self.blocks:
-            raise VoxjetError(f"{self.dir}/index.json: split {split!r} has no jets")
+            raise VoxjetError(f"{self.url}/index.json: split {split!r} has no jets")
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.rank, self.world = rank, world
         self.buffer_blocks = buffer_blocks
         self.epoch, self.start = 0, 0
+
+    def _index(self) -> dict:
+        if not self.remote:
+            return read_json(Path(self.url) / "index.json")
+        import fsspec
+
+        with fsspec.open(f"{self.url}/index.json", "rb", **self.storage_options) as f:
+            return json.loads(f.read())
 
     def at(self, epoch: int, start: int) -> JetStream:
         """Iterate epoch `epoch` from its batch `start` (a checkpoint's position)."""
@@ -91,7 +118,7 @@ class JetStream(torch.utils.data.IterableDataset):
         per = min(sum(b.stop - b.start for b in blocks) // self.batch_size for blocks in dealt)
         if per == 0:
             raise VoxjetError(
-                f"{self.dir}: {sum(b.stop - b.start for b in self.blocks)} {self.split} jets "
+                f"{self.url}: {sum(b.stop - b.start for b in self.blocks)} {self.split} jets "
                 f"over {self.world * workers} loader streams is less than one batch of "
                 f"{self.batch_size} each: lower train.batch_size"
             )
@@ -109,7 +136,9 @@ class JetStream(torch.utils.data.IterableDataset):
         skip = max(0, -(-(self.start - logical) // workers))
         mine = self._deal(n_streams)[stream]
         rng = np.random.default_rng([self.seed, self.epoch, stream])
-        files: dict[str, h5py.File] = {}
+        files: OrderedDict[str, h5py.File] = OrderedDict()
+        if self.remote:
+            self._start_prefetch([b.shard for b in mine])
         carry: dict[str, np.ndarray] | None = None
         made = 0
         try:
@@ -132,13 +161,45 @@ class JetStream(torch.utils.data.IterableDataset):
         finally:
             for f in files.values():
                 f.close()
+            if self.remote:
+                self._stop_prefetch()
 
-    def _read(self, files: dict[str, h5py.File], block: Block) -> dict[str, np.ndarray]:
-        path = self.dir / block.shard
+    def _start_prefetch(self, shards: list[str]) -> None:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        self._fetcher = Fetcher(fs, self.fetch)
+        self._root = root
+        self._order = list(dict.fromkeys(shards))  # first use order
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="voxjet-shard-prefetch")
+        self._ahead: dict[str, Future] = {}
+        self._next = 0
+
+    def _stop_prefetch(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._fetcher.close()
+
+    def _remote_file(self, shard: str) -> h5py.File:
+        # keep the next `lookahead` shard files on their way while this one is read
+        while self._next < len(self._order) and len(self._ahead) <= self.lookahead:
+            name = self._order[self._next]
+            url = f"{self._root}/{name}"
+            self._ahead[name] = self._pool.submit(self._fetcher.read_file, url)
+            self._next += 1
+        fut = self._ahead.pop(shard, None)
+        data = fut.result() if fut else self._fetcher.read_file(f"{self._root}/{shard}")
+        return h5py.File(io.BytesIO(data), "r")
+
+    def _read(self, files: OrderedDict[str, h5py.File], block: Block) -> dict[str, np.ndarray]:
+        path = f"{self.url}/{block.shard}"
         try:
             f = files.get(block.shard)
             if f is None:
-                f = files[block.shard] = h5py.File(path, "r")
+                f = files[block.shard] = (
+                    self._remote_file(block.shard) if self.remote else h5py.File(path, "r")
+                )
+                while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
+                    files.popitem(last=False)[1].close()
             out = {k: f[k][block.start : block.stop] for k in KEYS}
         except (OSError, KeyError) as e:
             raise VoxjetError(

@@ -67,8 +67,8 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     # every rule left a log and a benchmark
     # 19 jobs before the planning checkpoint, one preprocess_case job for each of the 7 cases
     assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 20 + 7
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 20 + 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 22 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 22 + 7
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 

@@ -109,8 +109,16 @@ class JetStream(torch.utils.data.IterableDataset):
         return self.rank * workers + worker, self.world * workers
 
     def _deal(self, n_streams: int) -> list[list[Block]]:
+        """The epoch's blocks in a seeded order, each to the stream with the fewest jets so
+        far (shards of a split differ in size: dealing by count could starve a stream)."""
         order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.blocks))
-        return [[self.blocks[i] for i in order[s::n_streams]] for s in range(n_streams)]
+        dealt: list[list[Block]] = [[] for _ in range(n_streams)]
+        jets = np.zeros(n_streams, np.int64)
+        for i in order:
+            s = int(np.argmin(jets))
+            dealt[s].append(self.blocks[i])
+            jets[s] += self.blocks[i].stop - self.blocks[i].start
+        return dealt
 
     def batches_per_epoch(self, workers: int = 1) -> int:
         """Batches every stream yields an epoch: the least any stream's blocks allow."""

@@ -83,3 +83,19 @@ def fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     env.update(install(bin_dir, state))
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     return env, state
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Jet shards of a small toy dataset (4 classes × 200 jets), staged and sharded."""
+    from voxjet.jets.shard import JetDataConfig, shard_jets
+    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+    from voxjet.stage.transfer import stage
+
+    d = tmp_path_factory.mktemp("jets")
+    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=200), progress=False)
+    stage(str(d / "raw"), d / "staged", d / "manifest.json", patterns=["*.root"])
+    shard_jets(
+        d / "manifest.json", d / "shards", JetDataConfig(max_particles=24, jets_per_shard=300)
+    )
+    return d / "shards"

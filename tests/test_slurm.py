@@ -18,24 +18,10 @@ from fake_slurm import calls, options
 from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
 from voxjet.distributed.launch import RDZV_PORT
 from voxjet.distributed.slurm import parse_slurm_duration, stop_delay_s
-from voxjet.jets.shard import JetDataConfig, shard_jets
-from voxjet.jets.synth import ToyJetsConfig, generate_dataset
-from voxjet.stage.transfer import stage
 from voxjet.training.logger import read_metrics
 
 MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
 TRAIN = {"batch_size": 32, "lr": 3e-3, "warmup_steps": 4, "log_every": 5, "seed": 3}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("jets")
-    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=200), progress=False)
-    stage(str(d / "raw"), d / "staged", d / "manifest.json", patterns=["*.root"])
-    shard_jets(
-        d / "manifest.json", d / "shards", JetDataConfig(max_particles=24, jets_per_shard=300)
-    )
-    return d / "shards"
 
 
 def test_slurm_durations_and_the_stop_time():

@@ -14,25 +14,11 @@ from conftest import BIN, snakemake_env
 
 from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
 from voxjet.distributed.runtime import init_runtime
-from voxjet.jets.shard import JetDataConfig, shard_jets
-from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.train import JetTask, run
-from voxjet.stage.transfer import stage
 from voxjet.training.logger import read_metrics
 from voxjet.training.loop import TrainSettings, train
 
 MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    d = tmp_path_factory.mktemp("jets")
-    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=200), progress=False)
-    stage(str(d / "raw"), d / "staged", d / "manifest.json", patterns=["*.root"])
-    shard_jets(
-        d / "manifest.json", d / "shards", JetDataConfig(max_particles=24, jets_per_shard=300)
-    )
-    return d / "shards"
 
 
 def _settings(**kw) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.jets.synth import R0, ToyJetsConfig, write_jets
+from voxjet.jets.synth import R0, ToyJetsConfig, particle_columns, write_jets
 
 PROCESSES: dict[str, list[str]] = {
     "QCD": ["HardQCD:all = on"],
@@ -175,25 +175,19 @@ def _jet_record(fastjet, event, jet, rng_unused=None) -> dict:
     d0 = np.where(charged, (x * py - y * px) / np.maximum(pt, 1e-9), 0.0)
     dz = np.where(charged, z - (x * px + y * py) * pz / np.maximum(pt**2, 1e-9), 0.0)
     jeta, jphi = jet.eta(), jet.phi_std()
+    kind = np.select(
+        [hadron & charged, hadron & ~charged, aid == 22, aid == 11, aid == 13], [0, 1, 2, 3, 4], -1
+    )
     return {
-        "part": {
-            "px": px,
-            "py": py,
-            "pz": pz,
-            "energy": e,
-            "deta": eta - jeta,
-            "dphi": (phi - jphi + np.pi) % (2 * np.pi) - np.pi,
-            "d0val": d0,
-            "d0err": np.where(charged, D0_ERR, 0.0),
-            "dzval": dz,
-            "dzerr": np.where(charged, DZ_ERR, 0.0),
-            "charge": charge,
-            "isChargedHadron": (hadron & charged).astype(float),
-            "isNeutralHadron": (hadron & ~charged).astype(float),
-            "isPhoton": (aid == 22).astype(float),
-            "isElectron": (aid == 11).astype(float),
-            "isMuon": (aid == 13).astype(float),
-        },
+        "part": particle_columns(
+            (px, py, pz, e),
+            eta - jeta,
+            (phi - jphi + np.pi) % (2 * np.pi) - np.pi,
+            charge,
+            kind,
+            (d0, np.full(len(ps), D0_ERR)),
+            (dz, np.full(len(ps), DZ_ERR)),
+        ),
         "jet_pt": jet.pt(),
         "jet_eta": jeta,
         "jet_phi": jphi,

@@ -162,6 +162,24 @@ def _nsubjettiness(pt: np.ndarray, eta: np.ndarray, phi: np.ndarray, nmax: int =
     return taus
 
 
+KINDS = ("ChargedHadron", "NeutralHadron", "Photon", "Electron", "Muon")
+
+
+def particle_columns(p4, deta, dphi, charge, kind, d0, dz) -> dict[str, np.ndarray]:
+    """A jet's JetClass `part_*` columns (names without the prefix): four-momenta `p4`, angles
+    to the jet axis, charge, `kind` indexing KINDS (-1: none), and (value, error) of the
+    transverse and longitudinal impact parameters, zeroed for neutral particles."""
+    px, py, pz, e = p4
+    neutral = charge == 0
+    cols = {"px": px, "py": py, "pz": pz, "energy": e, "deta": deta, "dphi": dphi}
+    for name, (val, err) in (("d0", d0), ("dz", dz)):
+        cols[f"{name}val"] = np.where(neutral, 0.0, val)
+        cols[f"{name}err"] = np.where(neutral, 0.0, err)
+    cols["charge"] = charge
+    cols.update({f"is{k}": (kind == i).astype(float) for i, k in enumerate(KINDS)})
+    return cols
+
+
 def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict:
     """One jet: particles in the lab frame and jet-level observables."""
     pt = rng.uniform(*cfg.pt_range)
@@ -197,26 +215,10 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
     )
     d0err = rng.uniform(0.005, 0.03, n)
     dzerr = rng.uniform(0.01, 0.05, n)
-    zero = ~charged
     return {
-        "part": {
-            "px": px,
-            "py": py,
-            "pz": pz,
-            "energy": e,
-            "deta": deta,
-            "dphi": dphi,
-            "d0val": np.where(zero, 0.0, d0),
-            "d0err": np.where(zero, 0.0, d0err),
-            "dzval": np.where(zero, 0.0, dz),
-            "dzerr": np.where(zero, 0.0, dzerr),
-            "charge": charge,
-            "isChargedHadron": (kind == 0).astype(float),
-            "isNeutralHadron": (kind == 1).astype(float),
-            "isPhoton": (kind == 2).astype(float),
-            "isElectron": (kind == 3).astype(float),
-            "isMuon": (kind == 4).astype(float),
-        },
+        "part": particle_columns(
+            (px, py, pz, e), deta, dphi, charge, kind, (d0, d0err), (dz, dzerr)
+        ),
         "jet_pt": jpt,
         "jet_eta": jeta,
         "jet_phi": jphi,

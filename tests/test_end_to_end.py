@@ -92,7 +92,8 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 24
     write_config(tiny, cfg)
     jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
-    assert set(jobs) - {"all"} == {"shard_jets", "train_jets", "evaluate_jets", "aggregate"}, jobs
+    expected = {"shard_jets", "index_jets", "train_jets", "evaluate_jets", "aggregate"}
+    assert set(jobs) - {"all"} == expected, jobs
     assert jobs["train_jets"] == 4
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 32  # back to what was run
     write_config(tiny, cfg)

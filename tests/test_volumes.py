@@ -603,3 +603,23 @@ def test_short_run_segments_the_mni_brain(tmp_path):
         pred = nib.load(tmp_path / "e" / "predictions" / f"{cid}.nii.gz")
         img = nib.load(root / "imagesTr" / f"{cid}.nii.gz")
         assert pred.shape == img.shape and np.allclose(pred.affine, img.affine)
+
+
+def test_patches_from_case_files_behind_a_slow_url_equal_the_local_ones(cases):
+    """Case files behind 10 ms a request (latency://): fetched in concurrent ranges, the
+    sampler draws exactly the local batches; a file that keeps failing names URL and bytes."""
+    import voxjet.io.latency  # noqa: F401  (registers latency://)
+    from voxjet.io.fetch import FetchConfig, FetchError
+
+    ids = json.loads((cases / "splits.json").read_text())["train"]
+    local = PatchSampler(CaseStore(cases, ids), [32, 32, 16], 2, 1 / 3, seed=5)
+    store = CaseStore(f"latency://{cases}", ids, fetch=FetchConfig(threads=8, block_bytes=64 << 10),
+                      storage_options={"delay_s": 0.01})  # fmt: skip
+    remote = PatchSampler(store, [32, 32, 16], 2, 1 / 3, seed=5)
+    for i in range(3):
+        a, b = local.batch(0, 0, i), remote.batch(0, 0, i)
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    broken = CaseStore(f"latency://{cases}", ids, fetch=FetchConfig(retries=1),
+                       storage_options={"delay_s": 0.0, "fail_every": 1})  # fmt: skip
+    with pytest.raises(FetchError, match=rf"{ids[0]}\.h5: bytes \d+-\d+ unreadable after 2"):
+        broken.file(ids[0])

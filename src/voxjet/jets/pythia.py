@@ -86,6 +86,11 @@ def _pythia(cls: str, seed: int):
         f"Random:seed = {seed % 900_000_000 + 1}",
         "Next:numberCount = 0",
         "Next:numberShowEvent = 0",
+        "Next:numberShowProcess = 0",
+        "Next:numberShowInfo = 0",
+        "Init:showProcesses = off",
+        "Init:showChangedSettings = off",
+        "Init:showChangedParticleData = off",
         "PartonLevel:MPI = off",
         *PROCESSES[cls],
     ]:

@@ -5,6 +5,7 @@ draw is a pure function of (seed, rank, epoch, batch index), so resuming is exac
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -15,33 +16,54 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.chunks import ChunkCache, ChunkedArray
+from voxjet.io.fetch import FetchConfig, Fetcher
 
 
 class CaseStore:
     """Lazily opened case files (one handle a case, opened in the process that reads)."""
 
     def __init__(
-        self, cases_dir: str | os.PathLike, case_ids: list[str], cache_bytes: int = 512 << 20
+        self,
+        cases_dir: str | os.PathLike,
+        case_ids: list[str],
+        cache_bytes: int = 512 << 20,
+        fetch: FetchConfig | None = None,
+        storage_options: dict | None = None,
     ) -> None:
-        self.dir = Path(cases_dir)
+        # a folder, or an fsspec URL: remote case files are fetched whole in concurrent ranges
+        # on first use and kept in memory as stored (compressed); stage datasets bigger than RAM
+        self.url = str(cases_dir)
+        self.remote = "://" in self.url
+        self.dir = Path(cases_dir) if not self.remote else None
         self.case_ids = list(case_ids)
         self._files: dict[str, h5py.File] = {}
         self._volumes: dict[str, tuple[ChunkedArray, ChunkedArray]] = {}
         self._foreground: dict[str, list[np.ndarray]] = {}
         self.cache = ChunkCache(cache_bytes)
+        if self.remote:
+            import fsspec
+
+            fs, self._root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+            self._fetcher = Fetcher(fs, fetch)
+            return
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
             raise VoxjetError(
                 f"{self.dir}: case files missing for {missing[:3]}; rerun preprocessing"
             )
 
+    def _open(self, case_id: str) -> h5py.File:
+        if not self.remote:
+            return h5py.File(self.dir / f"{case_id}.h5", "r")
+        data = self._fetcher.read_file(f"{self._root}/{case_id}.h5")
+        return h5py.File(io.BytesIO(data), "r")
+
     def file(self, case_id: str) -> h5py.File:
         """The open HDF5 file of a case."""
         if case_id not in self._files:
-            # A larger chunk cache keeps the chunks of neighbouring patches decoded.
-            path = self.dir / f"{case_id}.h5"
+            path = f"{self.url}/{case_id}.h5"
             try:
-                self._files[case_id] = h5py.File(path, "r")
+                self._files[case_id] = self._open(case_id)
             except OSError as e:
                 raise VoxjetError(
                     f"{path}: unreadable case file ({e}); rerun its preprocess_case job"
@@ -74,6 +96,8 @@ class CaseStore:
             f.close()
         self._files.clear()
         self._volumes.clear()
+        if self.remote:
+            self._fetcher.close()
 
 
 def read_patch(

@@ -83,6 +83,8 @@ class JetStream(torch.utils.data.IterableDataset):
                 s["jets"] for s in self.index["splits"][split]["shards"] or [{"jets": 1}]
             )
         self.blocks = split_blocks(self.index, split, block_jets)
+        shards = self.index["splits"].get(split, {}).get("shards", [])
+        self.shard_numbers = {s["file"]: i for i, s in enumerate(shards)}
         if not self.blocks:
             raise VoxjetError(f"{self.url}/index.json: split {split!r} has no jets")
         self.split, self.batch_size, self.seed = split, batch_size, seed
@@ -214,17 +216,11 @@ class JetStream(torch.utils.data.IterableDataset):
                 f"{path}: jets {block.start}-{block.stop} unreadable ({e}); rerun the shard stage"
             ) from e
         # where each jet came from, for error messages: (shard number, row)
-        shard_no = self._shard_numbers()[block.shard]
+        shard_no = self.shard_numbers[block.shard]
         out["source"] = np.stack(
             [np.full(block.stop - block.start, shard_no), np.arange(block.start, block.stop)], 1
         )
         return out
-
-    def _shard_numbers(self) -> dict[str, int]:
-        if not hasattr(self, "_numbers"):
-            shards = self.index["splits"][self.split]["shards"]
-            self._numbers = {s["file"]: i for i, s in enumerate(shards)}
-        return self._numbers
 
     def _batch(self, b: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return {

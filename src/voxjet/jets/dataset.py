@@ -78,3 +78,18 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
     )
+
+
+def gather_rows(
+    chunks: list[dict[str, np.ndarray]], where: np.ndarray, keys: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """Rows `where` ([n, 2]: chunk number, row) of a list of same-keyed chunks, in that order,
+    copied once into new arrays (no concatenation of the chunks first)."""
+    out = {k: np.empty((len(where), *chunks[0][k].shape[1:]), chunks[0][k].dtype) for k in keys}
+    for i, c in enumerate(chunks):
+        sel = np.flatnonzero(where[:, 0] == i)
+        if len(sel):
+            rows = where[sel, 1]
+            for k in keys:
+                out[k][sel] = c[k][rows]
+    return out

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.jets.dataset import gather_rows
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
@@ -36,6 +37,7 @@ from voxjet.jets.features import (
 )
 
 FORMAT_VERSION = 1
+SHARD_KEYS = ("particles", "mask", "jets", "labels")
 SPLITS = ("train", "val", "test")
 
 
@@ -263,20 +265,6 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
         f.attrs["format_version"] = FORMAT_VERSION
 
 
-def _gather(chunks: list[dict[str, np.ndarray]], where: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows (chunk, row) of the chunks, in that order, as one shard's arrays."""
-    out = {
-        k: np.empty((len(where), *chunks[0][k].shape[1:]), chunks[0][k].dtype)
-        for k in ("particles", "mask", "jets", "labels")
-    }
-    for i, c in enumerate(chunks):
-        sel = np.flatnonzero(where[:, 0] == i)
-        if len(sel):
-            for k in out:
-                out[k][sel] = c[k][where[sel, 1]]
-    return out
-
-
 def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
     """Counts, sums and sums of squares (float64) of real particles' and jets' features."""
     w = data["mask"].astype(np.float32)
@@ -355,7 +343,9 @@ def shard_part(
             shards, sums = [], []
             for i, start in enumerate(range(0, len(rows), cfg.jets_per_shard)):
                 name = f"{split}_{i:03d}.h5"
-                piece = _gather(chunks, where[rows[start : start + cfg.jets_per_shard]])
+                piece = gather_rows(
+                    chunks, where[rows[start : start + cfg.jets_per_shard]], SHARD_KEYS
+                )
                 _write_shard(tmp / name, piece, cfg)
                 shards.append({"file": name, "jets": int(len(piece["labels"]))})
                 if split == "train":

@@ -28,6 +28,7 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
 from voxjet.io.fetch import FetchConfig, Fetcher
+from voxjet.jets.dataset import gather_rows
 
 KEYS = ("particles", "mask", "jets", "labels")
 
@@ -152,14 +153,19 @@ class JetStream(torch.utils.data.IterableDataset):
         carry: dict[str, np.ndarray] | None = None
         made = 0
         try:
+            keys = KEYS + ("source",)
             for lo in range(0, len(mine), self.buffer_blocks):
                 parts = [self._read(files, b) for b in mine[lo : lo + self.buffer_blocks]]
                 if carry is not None:
                     parts.insert(0, carry)
-                buf = {k: np.concatenate([p[k] for p in parts]) for k in KEYS + ("source",)}
-                perm = rng.permutation(len(buf["labels"]))
-                buf = {k: v[perm] for k, v in buf.items()}
-                n_full = len(perm) // self.batch_size
+                # shuffled as (part, row) pairs and copied once, in that order: every batch is
+                # then a slice (a view), the cheapest thing to hand to the training step
+                where = np.concatenate(
+                    [np.stack([np.full(len(p["labels"]), i), np.arange(len(p["labels"]))], 1)
+                     for i, p in enumerate(parts)]
+                )[rng.permutation(sum(len(p["labels"]) for p in parts))]  # fmt: skip
+                buf = gather_rows(parts, where, keys)
+                n_full = len(where) // self.batch_size
                 for b in range(n_full):
                     if made >= quota:
                         return

@@ -114,6 +114,15 @@ def _any_rank(flag: bool, rt: Runtime) -> bool:
     return bool(t.item())
 
 
+def _epochs(task, epoch: int, pos: int, rt: Runtime) -> Iterator[Any]:
+    """Batches from (epoch, pos) on, epoch after epoch, with None at each epoch's end: read
+    through one prefetch thread, the next epoch's first batches are ready when it starts."""
+    while True:
+        yield from task.batches(epoch, pos, rt)
+        yield None
+        epoch, pos = epoch + 1, 0
+
+
 def _pipeline(task, model: nn.Module, s: TrainSettings, rt: Runtime):
     """(PipelineParallel or None, the runtime the data loader sees)."""
     if s.pipeline_stages <= 1:
@@ -240,72 +249,74 @@ def train(
     if state is not None and "loss_window" in state:
         running, count = state["loss_window"][min(rt.rank, len(state["loss_window"]) - 1)]
     try:
-        while step < s.steps:
-            for batch in prefetch(task.batches(epoch, pos, data_rt), s.prefetch):
-                timer.data_ready()
-                ddp.train()
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():
-                    if pipe is None:
-                        loss, n = task.loss(ddp, batch, rt.device)
-                    else:  # forward and backward happen inside the pipeline schedule
-                        inputs, target = task.pipeline_batch(batch, rt.device)
-                        loss, n = pipe.step(inputs, target), len(inputs)
-                if not torch.isfinite(loss.detach()):
-                    raise VoxjetError(
-                        f"non-finite loss ({float(loss.detach())}) at step {step + 1} "
-                        f"(epoch {epoch}, batch {pos}) from {task.describe(batch)}; lower "
-                        "train.lr or check these inputs for NaN/inf"
-                    )
-                if pipe is None:
-                    loss.backward()
-                else:
-                    pipe.reduce_grads(model.parameters())
-                if s.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-                opt.step()
-                sched.step()
-                step, pos = step + 1, pos + 1
-                running, count = running + float(loss.detach()), count + 1
-                timer.step_done(n * data_rt.world_size)
-                bar.update(1)
-                if step % s.log_every == 0 or step == s.steps:
-                    # the loss of all ranks' batches, not rank 0's alone
-                    mean_loss = all_reduce_mean(running / count, rt)
-                    rec = {
-                        "step": step,
-                        "epoch": epoch,
-                        "loss": mean_loss,
-                        "lr": sched.get_last_lr()[0],
-                        **timer.summary(),
-                    }
-                    rec[rate_key] = rec.pop("items_per_s")
-                    log.write(rec)
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # keeps logs short
-                    running, count = 0.0, 0
-                    timer.reset()
-                if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
-                    validate()
-                if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.steps:
-                    save_last()
-                if _any_rank(preempt.raised, rt):
-                    save_last()
-                    if rt.is_main:
-                        print(
-                            f"preempted by signal {preempt.signum}: checkpoint at step {step} "
-                            f"in {last_path}; rerun to resume",
-                            file=sys.stderr,
-                        )
-                    sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
-                if step >= s.steps:
-                    break
-            else:
+        for batch in prefetch(_epochs(task, epoch, pos, data_rt), s.prefetch):
+            if step >= s.steps:  # a run resumed from its final checkpoint
+                break
+            if batch is None:
                 # End of an epoch: validate here when no step interval is set, and always
                 # checkpoint, so the position saved is the next epoch's start.
                 epoch, pos = epoch + 1, 0
                 if not s.eval_every:
                     validate()
                 save_last()
+                continue
+            timer.data_ready()
+            ddp.train()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16) if amp else nullcontext():
+                if pipe is None:
+                    loss, n = task.loss(ddp, batch, rt.device)
+                else:  # forward and backward happen inside the pipeline schedule
+                    inputs, target = task.pipeline_batch(batch, rt.device)
+                    loss, n = pipe.step(inputs, target), len(inputs)
+            if not torch.isfinite(loss.detach()):
+                raise VoxjetError(
+                    f"non-finite loss ({float(loss.detach())}) at step {step + 1} "
+                    f"(epoch {epoch}, batch {pos}) from {task.describe(batch)}; lower "
+                    "train.lr or check these inputs for NaN/inf"
+                )
+            if pipe is None:
+                loss.backward()
+            else:
+                pipe.reduce_grads(model.parameters())
+            if s.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+            opt.step()
+            sched.step()
+            step, pos = step + 1, pos + 1
+            running, count = running + float(loss.detach()), count + 1
+            timer.step_done(n * data_rt.world_size)
+            bar.update(1)
+            if step % s.log_every == 0 or step == s.steps:
+                # the loss of all ranks' batches, not rank 0's alone
+                mean_loss = all_reduce_mean(running / count, rt)
+                rec = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": mean_loss,
+                    "lr": sched.get_last_lr()[0],
+                    **timer.summary(),
+                }
+                rec[rate_key] = rec.pop("items_per_s")
+                log.write(rec)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)  # keeps logs short
+                running, count = 0.0, 0
+                timer.reset()
+            if (s.eval_every and step % s.eval_every == 0) or step == s.steps:
+                validate()
+            if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.steps:
+                save_last()
+            if _any_rank(preempt.raised, rt):
+                save_last()
+                if rt.is_main:
+                    print(
+                        f"preempted by signal {preempt.signum}: checkpoint at step {step} "
+                        f"in {last_path}; rerun to resume",
+                        file=sys.stderr,
+                    )
+                sys.exit(checkpoint.PREEMPTED_EXIT_CODE)
+            if step >= s.steps:
+                break
     finally:
         bar.close()
         preempt.restore()

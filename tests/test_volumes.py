@@ -250,34 +250,12 @@ def test_seg_metrics_dice_and_hd95():
 
 @pytest.mark.skipif(not (SHARED_DATA / "nifti").is_dir(), reason="shared/data not present")
 def test_preprocess_real_mni_template(tmp_path):
-    """The MNI152 template (real data): T1 and a brain mask label in the MSD layout."""
-    src = SHARED_DATA / "nifti" / "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz"
-    img = nib.load(src)
-    t1 = np.asarray(img.dataobj)[::4, ::4, ::4]
-    aff = img.affine @ np.diag([4, 4, 4, 1])
-    root = tmp_path / "mni"
-    for sub in ("imagesTr", "labelsTr"):
-        (root / sub).mkdir(parents=True)
-    for i in range(3):
-        nib.save(nib.Nifti1Image(t1, aff), root / "imagesTr" / f"mni_{i}.nii.gz")
-        mask = (t1 > 0.2 * t1.max()).astype(np.uint8)
-        nib.save(nib.Nifti1Image(mask, aff), root / "labelsTr" / f"mni_{i}.nii.gz")
-    (root / "dataset.json").write_text(
-        json.dumps(
-            {
-                "modality": {"0": "MRI"},
-                "labels": {"0": "background", "1": "brain"},
-                "training": [
-                    {"image": f"./imagesTr/mni_{i}.nii.gz", "label": f"./labelsTr/mni_{i}.nii.gz"}
-                    for i in range(3)
-                ],
-            }
-        )
-    )
+    """The MNI152 template (real data): T1 and its brain as the label, in the MSD layout."""
+    root = _mni_brain_dataset(tmp_path / "mni")
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"root": str(root)}))
     plan = preprocess_dataset(manifest, tmp_path / "cases", VolumePrepConfig(patch_size=[32] * 3))
-    assert plan["normalization"] == "zscore" and plan["target_spacing"] == [4.0, 4.0, 4.0]
+    assert plan["normalization"] == "zscore" and plan["target_spacing"] == [3.0, 3.0, 3.0]
     with h5py.File(tmp_path / "cases" / "mni_0.h5") as f:
         assert abs(float(f["image"][...].mean())) < 1e-3  # per-case z-score
 

@@ -38,6 +38,9 @@ def torchrun_argv(voxjet_args: list[str], nproc: int) -> list[str]:
     ]
 
 
+RDZV_PORT = 29400
+
+
 def multinode_argv(
     voxjet_args: list[str], nodes: int, nproc: int, head: str, job: str, gpus_per_node: int = 0
 ) -> list[str]:
@@ -67,9 +70,6 @@ def multinode_argv(
         voxjet,
         *voxjet_args,
     ]
-
-
-RDZV_PORT = 29400
 
 
 def launch_argv(voxjet_args: list[str], gpus: int, nproc: int, nodes: int) -> list[str]:

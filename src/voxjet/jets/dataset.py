@@ -80,6 +80,16 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
     )
 
 
+def row_index(chunks: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """[n, 2] (chunk number, row) of every row of the chunks, in order (for gather_rows)."""
+    sizes = [len(c["labels"]) for c in chunks]
+    if not sizes:
+        return np.zeros((0, 2), np.int64)
+    return np.stack(
+        [np.repeat(np.arange(len(sizes)), sizes), np.concatenate([np.arange(n) for n in sizes])], 1
+    )
+
+
 def gather_rows(
     chunks: list[dict[str, np.ndarray]], where: np.ndarray, keys: tuple[str, ...]
 ) -> dict[str, np.ndarray]:

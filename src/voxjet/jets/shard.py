@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
-from voxjet.jets.dataset import gather_rows
+from voxjet.jets.dataset import gather_rows, row_index
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
@@ -328,12 +328,7 @@ def shard_part(
         k: np.concatenate([c[k] for c in chunks]) if chunks else np.zeros(0, np.int64)
         for k in ("labels", "split")
     }
-    where = (
-        np.concatenate([np.stack([np.full(len(c["labels"]), i), np.arange(len(c["labels"]))], 1)
-                        for i, c in enumerate(chunks)])
-        if chunks
-        else np.zeros((0, 2), np.int64)
-    )  # fmt: skip
+    where = row_index(chunks)
     order = np.random.default_rng([cfg.seed, part]).permutation(len(small["labels"]))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
                      "skipped": skipped, "splits": {}}  # fmt: skip

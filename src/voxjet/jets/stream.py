@@ -28,7 +28,7 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
 from voxjet.io.fetch import FetchConfig, Fetcher
-from voxjet.jets.dataset import gather_rows
+from voxjet.jets.dataset import gather_rows, row_index
 
 KEYS = ("particles", "mask", "jets", "labels")
 
@@ -74,7 +74,6 @@ class JetStream(torch.utils.data.IterableDataset):
         # remote shards are fetched whole, in concurrent ranges, `lookahead` files ahead
         self.url = str(shard_dir)
         self.remote = "://" in self.url
-        self.dir = Path(shard_dir) if not self.remote else None
         self.fetch, self.lookahead = fetch or FetchConfig(), lookahead
         self.storage_options = storage_options or {}
         self.index = self._index()
@@ -125,12 +124,14 @@ class JetStream(torch.utils.data.IterableDataset):
 
     def batches_per_epoch(self, workers: int = 1) -> int:
         """Batches every stream yields an epoch: the least any stream's blocks allow."""
-        dealt = self._deal(self.world * workers)
+        return self._quota(self._deal(self.world * workers))
+
+    def _quota(self, dealt: list[list[Block]]) -> int:
         per = min(sum(b.stop - b.start for b in blocks) // self.batch_size for blocks in dealt)
         if per == 0:
             raise VoxjetError(
                 f"{self.url}: {sum(b.stop - b.start for b in self.blocks)} {self.split} jets "
-                f"over {self.world * workers} loader streams is less than one batch of "
+                f"over {len(dealt)} loader streams is less than one batch of "
                 f"{self.batch_size} each: lower train.batch_size"
             )
         return per
@@ -138,14 +139,15 @@ class JetStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         stream, n_streams = self._streams()
         workers = n_streams // self.world
-        quota = self.batches_per_epoch(workers)
+        dealt = self._deal(n_streams)  # once an epoch: every stream deals the same way
+        quota = self._quota(dealt)
         # A DataLoader takes batches from its workers in turn, starting with worker 0: batch i
         # of the rank is logical stream i % workers. Resuming at batch `start`, worker w plays
         # logical stream (w + start) % workers, so the order goes on where it stopped.
         logical = (stream - self.rank * workers + self.start) % workers
         stream = self.rank * workers + logical
         skip = max(0, -(-(self.start - logical) // workers))
-        mine = self._deal(n_streams)[stream]
+        mine = dealt[stream]
         rng = np.random.default_rng([self.seed, self.epoch, stream])
         files: OrderedDict[str, h5py.File] = OrderedDict()
         if self.remote:
@@ -160,10 +162,8 @@ class JetStream(torch.utils.data.IterableDataset):
                     parts.insert(0, carry)
                 # shuffled as (part, row) pairs and copied once, in that order: every batch is
                 # then a slice (a view), the cheapest thing to hand to the training step
-                where = np.concatenate(
-                    [np.stack([np.full(len(p["labels"]), i), np.arange(len(p["labels"]))], 1)
-                     for i, p in enumerate(parts)]
-                )[rng.permutation(sum(len(p["labels"]) for p in parts))]  # fmt: skip
+                where = row_index(parts)
+                where = where[rng.permutation(len(where))]
                 buf = gather_rows(parts, where, keys)
                 n_full = len(where) // self.batch_size
                 for b in range(n_full):

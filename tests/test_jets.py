@@ -88,10 +88,18 @@ def test_features_sorted_by_pt_with_mask():
         }
     )
     out = compute_features(arrays, variables(), ["part_deta", "part_pt_log"], ["jet_sdmass"], 4)
-    assert out["particles"].shape == (2, 4, 2)
-    np.testing.assert_allclose(out["particles"][0, :3, 0], [0.3, 0.2, 0.1])
-    assert out["mask"].tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert out["particles"].shape == (4, 2) and out["counts"].tolist() == [3, 1]
+    np.testing.assert_allclose(out["particles"][:, 0], [0.3, 0.2, 0.1, 0.0])
     assert out["jets"][:, 0].tolist() == [10.0, 1.0]
+    # clipped to the hardest 2 of each jet, in order
+    out = compute_features(arrays, variables(), ["part_deta"], [], 2)
+    assert out["counts"].tolist() == [2, 1]
+    np.testing.assert_allclose(out["particles"][:, 0], [0.3, 0.2, 0.0])
+    # already ordered particles come out the same (nothing re-sorted)
+    sorted_arrays = ak.Array({**{k: arrays[k] for k in arrays.fields},
+                              "part_px": [[3.0, 2.0, 1.0], [5.0]]})  # fmt: skip
+    out = compute_features(sorted_arrays, variables(), ["part_deta"], [], 4)
+    np.testing.assert_allclose(out["particles"][:, 0], [0.1, 0.3, 0.2, 0.0])
 
 
 def test_labels_from_mixed_type_onehot():
@@ -117,7 +125,10 @@ def test_shards_split_shuffle_and_index(toy_root, tmp_path):
     assert sum(sizes) == sp["train"]["jets"] and max(sizes) <= 250
     assert {s["file"].split("/")[0] for s in sp["train"]["shards"]} == {"part_0000", "part_0001"}
     with h5py.File(tmp_path / "shards" / sp["train"]["shards"][0]["file"]) as f:
-        assert f["particles"].shape[1:] == (32, len(cfg.particle_features))
+        assert f["particles"].shape[1:] == (len(cfg.particle_features),)
+        counts = np.diff(f["offsets"][...])
+        assert len(counts) == len(f["labels"]) and counts.max() <= 32
+        assert f["offsets"][-1] == len(f["particles"])
         labels = f["labels"][...]
         assert list(f.attrs["classes"]) == ["QCD", "Hbb", "Wqq", "Tbqq"]
     assert len(np.unique(labels)) == 4  # shuffled across the one-class files

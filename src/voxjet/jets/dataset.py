@@ -14,42 +14,61 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
+from voxjet.jets.jagged import offsets_of, pad_particles, ragged_arange
 
 
 @dataclass
 class JetArrays:
-    """One split's arrays as tensors."""
+    """One split's jets in memory: particles flat with offsets (as stored), padded per batch."""
 
-    particles: torch.Tensor  # [N, P, F] float32
-    mask: torch.Tensor  # [N, P] bool
+    particles: torch.Tensor  # [M, F] float32, the jets' real particles
+    offsets: np.ndarray  # [N + 1] int64
     jets: torch.Tensor  # [N, J] float32
     labels: torch.Tensor  # [N] int64
+    max_particles: int
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     def take(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
-        """A batch of the rows at `idx`."""
+        """A batch of the jets at `idx`, particles padded to max_particles with a mask."""
+        counts = np.diff(self.offsets)[idx]
+        contiguous = len(idx) > 0 and np.array_equal(idx, np.arange(idx[0], idx[0] + len(idx)))
+        if contiguous:  # predict's batches: a view, nothing gathered
+            flat = self.particles[self.offsets[idx[0]] : self.offsets[idx[0] + len(idx)]]
+        else:
+            flat = self.particles[torch.from_numpy(ragged_arange(self.offsets[idx], counts))]
+        particles, mask = pad_particles(flat, torch.from_numpy(counts), self.max_particles)
         i = torch.from_numpy(idx)
         return {
-            "particles": self.particles[i],
-            "mask": self.mask[i],
+            "particles": particles,
+            "mask": mask,
             "jets": self.jets[i],
             "labels": self.labels[i],
         }
 
 
 def load_index(shard_dir: str | os.PathLike) -> dict:
-    """The shard folder's index.json."""
-    return read_json(Path(shard_dir) / "index.json")
+    """The shard folder's index.json (refusing shards of another format version)."""
+    from voxjet.jets.shard import FORMAT_VERSION
+
+    path = Path(shard_dir) / "index.json"
+    index = read_json(path)
+    if index.get("format_version") != FORMAT_VERSION:
+        raise VoxjetError(
+            f"{path}: shards of format {index.get('format_version')}, this voxjet reads format "
+            f"{FORMAT_VERSION}; rebuild them (snakemake -R shard_jets, or delete {shard_dir})"
+        )
+    return index
 
 
 def load_columns(
     shard_dir: str | os.PathLike,
     split: str,
-    names: tuple[str, ...] = ("particles", "mask", "jets", "labels"),
+    names: tuple[str, ...] = ("particles", "jets", "labels"),
 ) -> dict[str, np.ndarray]:
-    """The named datasets of every shard of `split`, concatenated (only those are read)."""
+    """The named datasets of every shard of `split`, concatenated (only those are read);
+    "particles" brings its "offsets" along."""
     shard_dir = Path(shard_dir)
     index = load_index(shard_dir)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
@@ -57,7 +76,8 @@ def load_columns(
             f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
             "the dataset's val_fraction/test_fraction"
         )
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    keys = [*names, "offsets"] if "particles" in names else list(names)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     for shard in index["splits"][split]["shards"]:
         path = shard_dir / shard["file"]
         try:
@@ -66,7 +86,10 @@ def load_columns(
                     parts[k].append(f[k][...])
         except (OSError, KeyError) as e:
             raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
-    return {k: np.concatenate(v) for k, v in parts.items()}
+    out = {k: np.concatenate(v) for k, v in parts.items() if k != "offsets"}
+    if "offsets" in parts:
+        out["offsets"] = offsets_of(np.concatenate([np.diff(o) for o in parts["offsets"]]))
+    return out
 
 
 def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
@@ -74,32 +97,8 @@ def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
     cat = load_columns(shard_dir, split)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
-        torch.from_numpy(cat["mask"]),
+        cat["offsets"],
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
+        int(load_index(shard_dir)["max_particles"]),
     )
-
-
-def row_index(chunks: list[dict[str, np.ndarray]]) -> np.ndarray:
-    """[n, 2] (chunk number, row) of every row of the chunks, in order (for gather_rows)."""
-    sizes = [len(c["labels"]) for c in chunks]
-    if not sizes:
-        return np.zeros((0, 2), np.int64)
-    return np.stack(
-        [np.repeat(np.arange(len(sizes)), sizes), np.concatenate([np.arange(n) for n in sizes])], 1
-    )
-
-
-def gather_rows(
-    chunks: list[dict[str, np.ndarray]], where: np.ndarray, keys: tuple[str, ...]
-) -> dict[str, np.ndarray]:
-    """Rows `where` ([n, 2]: chunk number, row) of a list of same-keyed chunks, in that order,
-    copied once into new arrays (no concatenation of the chunks first)."""
-    out = {k: np.empty((len(where), *chunks[0][k].shape[1:]), chunks[0][k].dtype) for k in keys}
-    for i, c in enumerate(chunks):
-        sel = np.flatnonzero(where[:, 0] == i)
-        if len(sel):
-            rows = where[sel, 1]
-            for k in keys:
-                out[k][sel] = c[k][rows]
-    return out

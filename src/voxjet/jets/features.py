@@ -1,5 +1,6 @@
-"""Per-particle and per-jet input features computed columnar from JetClass-schema arrays,
-and padding of jagged particles to a fixed length without ak.pad_none (numpy on offsets)."""
+"""Per-particle and per-jet input features computed columnar from JetClass-schema arrays
+(particles kept jagged: flat rows plus counts), and padding of jagged particles to a fixed
+length without ak.pad_none (numpy on offsets)."""
 
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def compute_features(
     max_particles: int,
     sort_by: str | None = "part_pt",
 ) -> dict[str, np.ndarray]:
-    """Particles [N, P, F] (ordered by `sort_by`, descending, and zero-padded), mask [N, P],
-    jets [N, J]."""
+    """Particles as flat rows [sum(counts), F], each jet's ordered by `sort_by` (descending)
+    and clipped to `max_particles`; counts [N] and jets [N, J]."""
     names = [*particle_features, *jet_features] + ([sort_by] if sort_by else [])
     vals = v.evaluate(names, arrays)
     for n in particle_features:
@@ -106,38 +107,57 @@ def compute_features(
                 f"jets.jet_features: {n!r} has one value a particle; list it under "
                 "jets.particle_features"
             )
-    first = vals[particle_features[0]]
-    counts = ak.to_numpy(ak.num(first, axis=1))
-    order = ak.argsort(vals[sort_by], axis=1, ascending=False) if sort_by else None
-    cols = []
-    for name in particle_features:
-        col = vals[name] if order is None else vals[name][order]
+    counts = ak.to_numpy(ak.num(vals[particle_features[0]], axis=1)).astype(np.int64)
+    take = _order(vals[sort_by], counts) if sort_by else None
+    kept = np.minimum(counts, max_particles)
+    if (kept < counts).any():  # clip: the first max_particles of each (ordered) jet
+        from voxjet.jets.jagged import offsets_of, ragged_arange
+
+        first = ragged_arange(offsets_of(counts)[:-1], kept)
+        take = first if take is None else take[first]
+    # one [M, F] array, each column written once in its final order (fresh memory is the
+    # costly part of this step)
+    flat = np.empty((int(kept.sum()), len(particle_features)), np.float32)
+    for i, name in enumerate(particle_features):
+        col = vals[name]
         if not np.array_equal(ak.to_numpy(ak.num(col, axis=1)), counts):
             raise VoxjetError(
                 f"jets.particle_features: {name!r} has another particle count than "
                 f"{particle_features[0]!r}; particle features must come from one collection"
             )
-        cols.append(ak.to_numpy(ak.flatten(col)).astype(np.float32))
-    flat = np.stack(cols, axis=1)
-    particles = pad_jagged(flat, counts, max_particles)
-    mask = np.arange(max_particles)[None, :] < counts[:, None]
+        col = ak.to_numpy(ak.flatten(col))
+        flat[:, i] = col if take is None else col[take]
     jets = (
         np.stack([np.asarray(ak.to_numpy(vals[n]), np.float32) for n in jet_features], axis=1)
         if jet_features
         else np.zeros((len(counts), 0), np.float32)
     )
-    for what, arr, feats in (
-        ("particle", particles, particle_features),
-        ("jet", jets, jet_features),
-    ):
+    for what, arr, feats in (("particle", flat, particle_features), ("jet", jets, jet_features)):
         bad = ~np.isfinite(arr)
         if bad.any():
-            where = np.argwhere(bad)[0]
+            row, col = np.argwhere(bad)[0]
+            jet = np.searchsorted(np.cumsum(kept), row, side="right") if what == "particle" else row
             raise VoxjetError(
-                f"non-finite value (NaN/inf) in {what} feature {feats[where[-1]]!r} of jet "
-                f"{int(where[0])} of this batch; fix the branch or its expression"
+                f"non-finite value (NaN/inf) in {what} feature {feats[col]!r} of jet "
+                f"{int(jet)} of this batch; fix the branch or its expression"
             )
-    return {"particles": particles, "mask": mask, "jets": jets}
+    return {"particles": flat, "counts": kept, "jets": jets}
+
+
+def _order(key, counts: np.ndarray) -> np.ndarray | None:
+    """Flat row order that sorts each jet's particles by `key`, descending; None when they
+    already are (JetClass and most ntuples store them by pT: then nothing is copied)."""
+    k = ak.to_numpy(ak.flatten(key))
+    if len(k) < 2:
+        return None
+    starts = np.cumsum(counts) - counts
+    first = np.zeros(len(k), bool)
+    first[starts[counts > 0]] = True
+    if not ((k[1:] > k[:-1]) & ~first[1:]).any():
+        return None
+    # awkward sorts each jet's list in C++ (lists are short): ~8x faster than a flat lexsort
+    local = ak.to_numpy(ak.flatten(ak.argsort(key, axis=1, ascending=False, stable=True)))
+    return local + np.repeat(starts, counts)
 
 
 def labels_from_onehot(arrays: Arrays, label_branches: list[str]) -> np.ndarray:

@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
-from voxjet.jets.dataset import gather_rows, row_index
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
@@ -35,9 +34,11 @@ from voxjet.jets.features import (
     select,
     variables,
 )
+from voxjet.jets.jagged import offsets_of, take_from_chunks
 
-FORMAT_VERSION = 1
-SHARD_KEYS = ("particles", "mask", "jets", "labels")
+# 2: particles stored jagged (flat rows + offsets); 1 stored them padded
+FORMAT_VERSION = 2
+SHARD_KEYS = ("particles", "jets", "labels")
 SPLITS = ("train", "val", "test")
 
 
@@ -232,6 +233,7 @@ def _read_range(
             out = compute_features(
                 arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
             )
+            out["offsets"] = offsets_of(out.pop("counts"))
             out["labels"] = labels
             out["entry"] = entries
             out["split"] = split_of(path.name, entries, cfg)
@@ -251,13 +253,20 @@ def _entries(path: Path, tree, manifest_entry: dict) -> int:
 
 
 def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) -> None:
-    n = len(data["labels"])
-    chunk = max(1, min(n, 1024))
+    """One shard: particles [M, F] (the jets' real particles, flat), offsets [N + 1] into them,
+    jets [N, J], labels [N]; chunked along the rows, LZ4-compressed."""
     comp = hdf5plugin.LZ4()
     with h5py.File(path, "w") as f:
-        for key in ("particles", "mask", "jets", "labels"):
+        # chunks of ~1 MB: a loader block of 2048 jets reads a few whole chunks
+        for key, rows in (
+            ("particles", 16384),
+            ("offsets", 65536),
+            ("jets", 8192),
+            ("labels", 65536),
+        ):
             arr = data[key]
-            f.create_dataset(key, data=arr, chunks=(chunk, *arr.shape[1:]), **comp)
+            chunk = (max(1, min(len(arr), rows)), *arr.shape[1:])
+            f.create_dataset(key, data=arr, chunks=chunk, **comp)
         f.attrs["particle_features"] = cfg.particle_features
         f.attrs["jet_features"] = cfg.jet_features
         f.attrs["classes"] = class_names(cfg.labels)
@@ -266,13 +275,12 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
 
 
 def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
-    """Counts, sums and sums of squares (float64) of real particles' and jets' features."""
-    w = data["mask"].astype(np.float32)
+    """Counts, sums and sums of squares (float64) of the particles' and jets' features."""
     p, j = data["particles"], data["jets"]
     return {
-        "particles_n": int(w.sum()),
-        "particles_sum": np.einsum("npf,np->f", p, w, dtype=np.float64),
-        "particles_sumsq": np.einsum("npf,npf,np->f", p, p, w, dtype=np.float64),
+        "particles_n": int(len(p)),
+        "particles_sum": np.einsum("nf->f", p, dtype=np.float64),
+        "particles_sumsq": np.einsum("nf,nf->f", p, p, dtype=np.float64),
         "jets_n": int(len(j)),
         "jets_sum": np.einsum("nf->f", j, dtype=np.float64),
         "jets_sumsq": np.einsum("nf,nf->f", j, j, dtype=np.float64),
@@ -322,30 +330,29 @@ def shard_part(
         per_file[entry["path"]] = int(sum(len(c["labels"]) for c in data))
         chunks += data
     classes = class_names(cfg.labels)
-    # Small columns are concatenated; the padded particles stay in their chunks and each
-    # shard gathers its rows from them once (one copy of every byte).
-    small = {
-        k: np.concatenate([c[k] for c in chunks]) if chunks else np.zeros(0, np.int64)
-        for k in ("labels", "split")
-    }
-    where = row_index(chunks)
-    order = np.random.default_rng([cfg.seed, part]).permutation(len(small["labels"]))
+    # each shard takes its jets straight from the chunks read: no joined copy of everything
+    chunks = [{k: c[k] for k in (*SHARD_KEYS, "offsets", "split")} for c in chunks]
+    none = [np.zeros(0, np.int64)]
+    chunk_of = np.repeat(np.arange(len(chunks)), [len(c["labels"]) for c in chunks])
+    row_in = np.concatenate([np.arange(len(c["labels"])) for c in chunks] or none)
+    split_code = np.concatenate([c.pop("split") for c in chunks] or none)
+    all_labels = np.concatenate([c["labels"] for c in chunks] or none)
+    order = np.random.default_rng([cfg.seed, part]).permutation(len(split_code))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
                      "skipped": skipped, "splits": {}}  # fmt: skip
     with atomic_path(out_dir, directory=True) as tmp:
         for code, split in ((0, "train"), (1, "val"), (2, "test")):
-            rows = order[small["split"][order] == code]
+            rows = order[split_code[order] == code]
             shards, sums = [], []
             for i, start in enumerate(range(0, len(rows), cfg.jets_per_shard)):
                 name = f"{split}_{i:03d}.h5"
-                piece = gather_rows(
-                    chunks, where[rows[start : start + cfg.jets_per_shard]], SHARD_KEYS
-                )
+                mine = rows[start : start + cfg.jets_per_shard]
+                piece = take_from_chunks(chunks, chunk_of[mine], row_in[mine])
                 _write_shard(tmp / name, piece, cfg)
                 shards.append({"file": name, "jets": int(len(piece["labels"]))})
                 if split == "train":
                     sums.append(_sums(piece))
-            labels = small["labels"][rows]
+            labels = all_labels[rows]
             hist = np.bincount(labels, minlength=len(classes)).tolist()
             summary["splits"][split] = {
                 "jets": int(len(rows)),

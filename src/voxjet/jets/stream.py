@@ -4,9 +4,12 @@ The split's shards are cut into blocks of consecutive jets (one contiguous HDF5 
 Each epoch a seeded permutation of the blocks is dealt out to the streams — one per (rank,
 DataLoader worker) — so streams read disjoint data; a stream fills a shuffle buffer with
 several blocks (so a batch mixes jets of several shards and files), permutes it, and emits
-batches, carrying the remainder into the next buffer. Every stream yields the same number of
-batches an epoch (what DDP needs), all of it fixed by (seed, epoch): a resumed run that skips
-the first `start` batches sees exactly the batches an uninterrupted run would have.
+batches, carrying the remainder into the next buffer. Batches hold the particles as stored,
+flat with per-jet counts (a third of the padded bytes through the DataLoader's workers);
+`voxjet.jets.jagged.pad_particles` pads them in the training process. Every stream yields the
+same number of batches an epoch (what DDP needs), all of it fixed by (seed, epoch): a resumed
+run that skips the first `start` batches sees exactly the batches an uninterrupted run would
+have.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
 from voxjet.io.fetch import FetchConfig, Fetcher
-from voxjet.jets.dataset import gather_rows, row_index
+from voxjet.jets.jagged import Specs, concat_chunks, take_rows
 
-KEYS = ("particles", "mask", "jets", "labels")
+KEYS = ("jets", "labels")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,30 @@ def split_blocks(index: dict, split: str, block_jets: int) -> list[Block]:
         for s in shards
         for lo in range(0, s["jets"], block_jets)
     ]
+
+
+def _one_buffer(specs: Specs, tensors: dict[str, torch.Tensor], shared: bool) -> dict:
+    """Arrays for `specs` laid out in one (shared-memory) storage; their tensors, views of the
+    same bytes, go into `tensors`."""
+    layout, total = {}, 0
+    for k, (shape, dtype) in specs.items():
+        layout[k] = total
+        total += -(-int(np.prod(shape)) * dtype.itemsize // 8) * 8  # 8-byte aligned
+    storage = torch.UntypedStorage._new_shared(total) if shared else torch.UntypedStorage(total)
+    raw = torch.empty(0, dtype=torch.uint8).set_(storage)
+    arrays = {}
+    for k, (shape, dtype) in specs.items():
+        n = int(np.prod(shape)) * dtype.itemsize
+        t = raw[layout[k] : layout[k] + n].view(_TORCH_DTYPES[dtype]).view(shape)
+        tensors[k] = t
+        arrays[k] = t.numpy()
+    return arrays
+
+
+_TORCH_DTYPES = {
+    np.dtype(d): getattr(torch, t)
+    for d, t in (("float32", "float32"), ("int64", "int64"), ("int32", "int32"), ("int8", "int8"))
+}
 
 
 class JetStream(torch.utils.data.IterableDataset):
@@ -155,25 +182,22 @@ class JetStream(torch.utils.data.IterableDataset):
         carry: dict[str, np.ndarray] | None = None
         made = 0
         try:
-            keys = KEYS + ("source",)
             for lo in range(0, len(mine), self.buffer_blocks):
                 parts = [self._read(files, b) for b in mine[lo : lo + self.buffer_blocks]]
                 if carry is not None:
                     parts.insert(0, carry)
-                # shuffled as (part, row) pairs and copied once, in that order: every batch is
-                # then a slice (a view), the cheapest thing to hand to the training step
-                where = row_index(parts)
-                where = where[rng.permutation(len(where))]
-                buf = gather_rows(parts, where, keys)
-                n_full = len(where) // self.batch_size
+                buf = concat_chunks(parts)
+                perm = rng.permutation(len(buf["labels"]))
+                n_full = len(perm) // self.batch_size
                 for b in range(n_full):
                     if made >= quota:
                         return
                     if made >= skip:
-                        sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
-                        yield self._batch({k: v[sl] for k, v in buf.items()})
+                        yield self._batch(
+                            buf, perm[b * self.batch_size : (b + 1) * self.batch_size]
+                        )
                     made += 1
-                carry = {k: v[n_full * self.batch_size :] for k, v in buf.items()}
+                carry = take_rows(buf, perm[n_full * self.batch_size :])
         finally:
             for f in files.values():
                 f.close()
@@ -212,11 +236,18 @@ class JetStream(torch.utils.data.IterableDataset):
             f = files.get(block.shard)
             if f is None:
                 f = files[block.shard] = (
-                    self._remote_file(block.shard) if self.remote else h5py.File(path, "r")
+                    self._remote_file(block.shard)
+                    if self.remote
+                    # a chunk cache that holds a whole chunk: blocks end mid-chunk, and the
+                    # next block must not decompress that chunk again
+                    else h5py.File(path, "r", rdcc_nbytes=4 << 20)
                 )
                 while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
                     files.popitem(last=False)[1].close()
             out = {k: f[k][block.start : block.stop] for k in KEYS}
+            off = f["offsets"][block.start : block.stop + 1]
+            out["particles"] = f["particles"][off[0] : off[-1]]
+            out["offsets"] = off - off[0]
         except (OSError, KeyError) as e:
             raise VoxjetError(
                 f"{path}: jets {block.start}-{block.stop} unreadable ({e}); rerun the shard stage"
@@ -228,14 +259,15 @@ class JetStream(torch.utils.data.IterableDataset):
         )
         return out
 
-    def _batch(self, b: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {
-            "particles": torch.from_numpy(b["particles"]),
-            "mask": torch.from_numpy(b["mask"]),
-            "jets": torch.from_numpy(b["jets"]),
-            "labels": torch.from_numpy(b["labels"]).long(),
-            "source": torch.from_numpy(b["source"]),
-        }
+    def _batch(self, buf: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """Jets `rows` of the shuffle buffer as a batch: particles flat with offsets (pad them
+        with voxjet.jets.jagged.pad_particles), jets, labels, source."""
+        tensors: dict[str, torch.Tensor] = {}
+        # in a DataLoader worker, the batch is gathered straight into one shared-memory
+        # buffer: handing it to the training process then copies nothing and sends one handle
+        shared = torch.utils.data.get_worker_info() is not None
+        take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
+        return tensors
 
     def describe(self, batch: dict[str, torch.Tensor]) -> str:
         """Which shards and rows a batch came from."""

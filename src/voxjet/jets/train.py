@@ -13,6 +13,7 @@ from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.jets.dataset import load_index, load_split
+from voxjet.jets.jagged import pad_particles
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
 from voxjet.jets.stream import JetStream
@@ -62,13 +63,21 @@ class JetTask:
         return JetStream(self.dir, "train", self.s.batch_size, self.s.seed, rt.rank, rt.world_size)
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
+        """The rank's batches, padded here (the loop reads them in its prefetch thread, so
+        padding overlaps the training step; the workers only move the unpadded bytes)."""
         self._stream = self.stream(rt).at(epoch, start)
-        if self.s.loader_workers == 0:
-            yield from self._stream
-            return
-        yield from torch.utils.data.DataLoader(
-            self._stream, batch_size=None, num_workers=self.s.loader_workers
+        loader = (
+            self._stream
+            if self.s.loader_workers == 0
+            else torch.utils.data.DataLoader(
+                self._stream, batch_size=None, num_workers=self.s.loader_workers
+            )
         )
+        length = int(self.index["max_particles"])
+        for b in loader:
+            counts = b.pop("offsets").diff()
+            b["particles"], b["mask"] = pad_particles(b["particles"], counts, length)
+            yield b
 
     def describe(self, batch) -> str:
         """Which shards and rows a batch came from (for error messages)."""

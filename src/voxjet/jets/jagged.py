@@ -1,0 +1,111 @@
+"""Jagged particle arrays as flat rows plus offsets (awkward's ListOffsetArray layout, what
+the shards store): gathering jets, slicing, and padding one batch to [B, P, F] with a mask.
+
+Shards keep only real particles (a JetClass jet has ~40 of its 128 slots filled), so every
+copy on the way to the model moves a third of the bytes; padding happens last, per batch, in
+the training process (on the GPU when there is one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+
+def offsets_of(counts: np.ndarray) -> np.ndarray:
+    """[n + 1] offsets (int64) of rows with these particle counts."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The ranges [start, start + count) of every row, concatenated."""
+    counts = np.asarray(counts, np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    first = np.cumsum(counts) - counts  # where each row's range begins in the output
+    return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts) - first, counts)
+
+
+def concat_chunks(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Same-keyed chunks as one (a plain copy; "offsets" shifted to index the joined
+    particles)."""
+    out = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0] if k != "offsets"}
+    if "offsets" in chunks[0]:
+        out["offsets"] = offsets_of(np.concatenate([np.diff(c["offsets"]) for c in chunks]))
+    return out
+
+
+Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def _empty(specs: Specs) -> dict[str, np.ndarray]:
+    return {k: np.empty(shape, dtype) for k, (shape, dtype) in specs.items()}
+
+
+def take_rows(
+    data: dict[str, np.ndarray],
+    rows: np.ndarray,
+    alloc: Callable[[Specs], dict[str, np.ndarray]] = _empty,
+) -> dict[str, np.ndarray]:
+    """Jets `rows` of `data`, in that order, each key copied once (np.take: several times
+    faster than fancy indexing for rows of particles). "particles" is jagged by "offsets".
+    `alloc` gives the output arrays from their shapes (e.g. in one shared-memory buffer)."""
+    rowwise = [k for k in data if k not in ("particles", "offsets")]
+    specs = {k: ((len(rows), *data[k].shape[1:]), data[k].dtype) for k in rowwise}
+    if "particles" in data:
+        off, p = data["offsets"], data["particles"]
+        counts = off[1:][rows] - off[:-1][rows]
+        specs["particles"] = ((int(counts.sum()), *p.shape[1:]), p.dtype)
+        specs["offsets"] = ((len(rows) + 1,), np.dtype(np.int64))
+    out = alloc(specs)
+    for k in rowwise:
+        np.take(data[k], rows, axis=0, out=out[k])
+    if "particles" in data:
+        out["offsets"][0] = 0
+        np.cumsum(counts, out=out["offsets"][1:])
+        np.take(p, ragged_arange(off[:-1][rows], counts), axis=0, out=out["particles"])
+    return out
+
+
+def take_from_chunks(
+    chunks: list[dict[str, np.ndarray]], chunk: np.ndarray, rows: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Jets (chunk[i], rows[i]) of same-keyed chunks, in that order, without joining the
+    chunks first (a shard job holds everything it read once, not twice)."""
+    counts = np.zeros(len(rows), np.int64)
+    groups = [np.flatnonzero(chunk == c) for c in range(len(chunks))]
+    for c, sel in zip(chunks, groups, strict=True):
+        counts[sel] = np.diff(c["offsets"])[rows[sel]]
+    out = _empty(
+        {
+            k: (((int(counts.sum()) if k == "particles" else len(rows)), *v.shape[1:]), v.dtype)
+            for k, v in chunks[0].items()
+            if k != "offsets"
+        }
+    )
+    out["offsets"] = offsets_of(counts)
+    for c, sel in zip(chunks, groups, strict=True):
+        if len(sel):
+            part = take_rows(c, rows[sel])
+            for k, v in part.items():
+                if k == "particles":
+                    out[k][ragged_arange(out["offsets"][sel], counts[sel])] = v
+                elif k != "offsets":
+                    out[k][sel] = v
+    return out
+
+
+def pad_particles(
+    flat: torch.Tensor, counts: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat particles [sum(counts), F] of jets with `counts` (each ≤ length) as padded
+    [B, length, F] (zeros beyond each jet's count) and the mask [B, length]; on the tensors'
+    device."""
+    mask = torch.arange(length, device=flat.device) < counts.to(flat.device)[:, None]
+    out = flat.new_zeros(len(counts), length, flat.shape[-1])
+    out[mask] = flat  # row-major order of the mask is jet by jet, particle by particle
+    return out, mask

@@ -1,13 +1,14 @@
-"""Streaming jet shards from storage with latency (the latency-injecting fsspec filesystem),
-measured side by side in one run:
+"""Both loaders reading from storage with latency (the latency-injecting fsspec filesystem),
+measured side by side in one run: the jet stream over shards, and the patch sampler over
+preprocessed case files (a fresh case store each pass, so every file is fetched).
 
-1. jets/s with 20 ms a read request ÷ jets/s with none (target ≥ 0.5);
-2. jets/s with 20 ms and 16 reads in flight ÷ the same with one read at a time (target ≥ 8);
+1. throughput with 20 ms a read request ÷ throughput with none (target ≥ 0.5);
+2. throughput with 20 ms and 16 reads in flight ÷ the same with one read at a time (≥ 8);
 3. the most bytes requested but not yet consumed ÷ the configured bound (target ≤ 1.2);
-and jets/s against the injected latency (0, 1, 5, 20, 100 ms), plotted to
+and throughput against the injected latency (0, 1, 5, 20, 100 ms), plotted to
 benchmarks/io_latency.png.
 
-    python benchmarks/io_latency.py            # about two minutes
+    python benchmarks/io_latency.py            # about four minutes
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
 
 THREADS = 16
+LATENCIES = (0, 1, 5, 20, 100)
+SHAPE, PATCH = (160, 160, 80), (64, 64, 32)
 
 
 def rate(shards: Path, delay_ms: float, threads: int, bound: int, block: int) -> tuple[float, int]:
@@ -39,9 +42,48 @@ def rate(shards: Path, delay_ms: float, threads: int, bound: int, block: int) ->
     return n / (time.perf_counter() - t), peak
 
 
+def case_rate(
+    cases: Path, ids: list[str], delay_ms: float, threads: int, bound: int, block: int, n: int
+) -> tuple[float, int]:
+    """(patches/s of `n` batches from a fresh case store at latency://, peak bytes in flight):
+    the first batches wait for their case files, later ones find them fetched ahead."""
+    from voxjet.volumes.patches import CaseStore, PatchSampler
+
+    fetch = FetchConfig(threads=threads, block_bytes=block, max_bytes_in_flight=bound)
+    store = CaseStore(f"latency://{cases}", ids, fetch=fetch,
+                      storage_options={"delay_s": delay_ms / 1000})  # fmt: skip
+    sampler = PatchSampler(store, PATCH, 2, 1 / 3, seed=0)
+    t = time.perf_counter()
+    for i in range(n):
+        sampler.batch(0, 0, i)
+    rate = 2 * n / (time.perf_counter() - t)
+    peak = store._fetcher.peak_bytes_in_flight
+    store.close()
+    return rate, peak
+
+
+def measure(fn) -> tuple[dict[float, tuple[float, int]], float]:
+    """Throughput and peak bytes at each latency (best of two), and serially at 20 ms."""
+    fn(0, THREADS)  # warm-up: imports, page cache
+    curve = {ms: max((fn(ms, THREADS) for _ in range(2)), key=lambda x: x[0]) for ms in LATENCIES}
+    return curve, fn(20, 1)[0]
+
+
+def rows(what: str, unit: str, curve: dict, serial: float, bound: int) -> list[tuple]:
+    peak = max(p for _, p in curve.values())
+    return [
+        (f"{what} {unit} at 20 ms ÷ at 0 ms ({THREADS} in flight)", curve[20][0] / curve[0][0],
+         0.5, ">="),
+        (f"{what} {unit} at 20 ms: {THREADS} reads in flight ÷ 1", curve[20][0] / serial, 8, ">="),
+        (f"{what} peak bytes in flight ÷ bound", peak / bound, 1.2, "<="),
+    ]  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jets-per-file", type=int, default=4000)
+    ap.add_argument("--cases", type=int, default=6)
+    ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--block-kb", type=int, default=256)
     ap.add_argument("--bound-mb", type=int, default=8)
     a = ap.parse_args()
@@ -53,48 +95,55 @@ def main() -> None:
         stage(str(d / "raw"), d / "staged", d / "m.json", patterns=["*.root"])
         cfg = JetDataConfig(max_particles=64, jets_per_shard=4000, shard_jobs=2)
         shard_jets(d / "m.json", d / "shards", cfg)
-        rate(d / "shards", 0, THREADS, bound, block)  # warm-up: imports, page cache
-        curve = {
-            ms: max((rate(d / "shards", ms, THREADS, bound, block) for _ in range(2)),
-                    key=lambda x: x[0])
-            for ms in (0, 1, 5, 20, 100)
-        }  # fmt: skip
-        serial, _ = rate(d / "shards", 20, 1, bound, block)
-    peak = max(p for _, p in curve.values())
-    rows = [
-        (
-            f"jets/s at 20 ms ÷ at 0 ms ({THREADS} reads in flight)",
-            curve[20][0] / curve[0][0],
-            0.5,
-            ">=",
-        ),
-        (f"jets/s at 20 ms: {THREADS} reads in flight ÷ 1", curve[20][0] / serial, 8, ">="),
-        ("peak bytes in flight ÷ bound", peak / bound, 1.2, "<="),
-    ]
-    print(f"toy jet shards, {block >> 10} KiB reads, bound {bound >> 20} MiB")
-    for name, ratio, target, op in rows:
+        jets, jets_serial = measure(lambda ms, th: rate(d / "shards", ms, th, bound, block))
+        ids = make_cases(d, a.cases)
+        cases, cases_serial = measure(
+            lambda ms, th: case_rate(d / "cases", ids, ms, th, bound, block, a.batches)
+        )
+    table = rows("jets:", "jets/s", jets, jets_serial, bound)
+    table += rows("volumes:", "patches/s", cases, cases_serial, bound)
+    print(f"{block >> 10} KiB reads, bound {bound >> 20} MiB; jet shards and {a.cases} case files")
+    for name, ratio, target, op in table:
         ok = (ratio >= target) if op == ">=" else (ratio <= target)
-        print(f"{name:<52} {ratio:6.2f} (target {op} {target}) {'PASS' if ok else 'FAIL'}")
-    print("latency ms  jets/s")
-    for ms, (r, _) in curve.items():
-        print(f"{ms:>9}  {r:,.0f}")
+        print(f"{name:<60} {ratio:6.2f} (target {op} {target}) {'PASS' if ok else 'FAIL'}")
+    print("latency ms  jets/s  patches/s")
+    for ms in LATENCIES:
+        print(f"{ms:>9}  {jets[ms][0]:>8,.0f}  {cases[ms][0]:>8.1f}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    xs = [max(ms, 0.3) for ms in curve]
-    ax.plot(xs, [r for r, _ in curve.values()], "o-", label=f"{THREADS} reads in flight")
-    ax.plot([20], [serial], "s", label="1 read at a time")
-    ax.set_xscale("log")
-    ax.set_xlabel("injected latency a read (ms; 0 drawn at 0.3)")
-    ax.set_ylabel("jets/s")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2))
+    xs = [max(ms, 0.3) for ms in LATENCIES]
+    for ax, curve, serial, unit in (
+        (axes[0], jets, jets_serial, "jets/s (jet shards)"),
+        (axes[1], cases, cases_serial, "patches/s (case files)"),
+    ):
+        ax.plot(xs, [curve[ms][0] for ms in LATENCIES], "o-", label=f"{THREADS} reads in flight")
+        ax.plot([20], [serial], "s", label="1 read at a time")
+        ax.set_xscale("log")
+        ax.set_xlabel("injected latency a read (ms; 0 drawn at 0.3)")
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+    axes[0].legend()
     fig.tight_layout()
     out = Path(__file__).with_name("io_latency.png")
     fig.savefig(out, dpi=120)
     print(f"plot: {out}")
+
+
+def make_cases(d: Path, n: int) -> list[str]:
+    """Preprocessed case files of `n` synthetic CT volumes in d/cases; their ids."""
+    from volumes_io import bench_preprocess
+
+    from voxjet.volumes.synth import ToyVolumesConfig
+    from voxjet.volumes.synth import generate_dataset as make_volumes
+
+    cfg = ToyVolumesConfig(train_cases=n, test_cases=0, min_shape=SHAPE, max_shape=SHAPE)
+    msd = make_volumes(d / "msd", cfg, progress=False)
+    bench_preprocess(msd, d / "cases", list(PATCH))
+    return sorted(p.stem for p in (d / "cases").glob("*.h5"))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,52 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 32  # back to what was run
     write_config(tiny, cfg)
 
+    # the shards and cases of this run given as source.prepared behind a slow URL (5 ms a
+    # request): only training and evaluation run for them, reading through the fetch layer
+    results = workflow_dir / "results"
+    far = {
+        "datasets": {
+            "far_jets": {
+                "domain": "jets",
+                "source": {"prepared": f"latency://{results}/toy_jets/shards"},
+                "read": {"storage_options": {"delay_s": 0.005}, "threads": 4, "block_mb": 0.25},
+            },
+            "far_ct": {
+                "domain": "volumes",
+                "source": {"prepared": f"latency://{results}/toy_ct/cases"},
+                "read": {"storage_options": {"delay_s": 0.005}},
+            },
+        },
+        "experiments": {
+            "far-pfn": {
+                "dataset": "far_jets",
+                "model": {"name": "pfn", "phi_sizes": [32, 32], "f_sizes": [32]},
+                "train": {"steps": 40, "eval_every": 20},
+                "launch": {"threads": 1},
+            },
+            "far-unet": {
+                "dataset": "far_ct",
+                "model": {"name": "unet", "channels": [8, 16, 32, 64]},
+                "train": {"steps": 10, "eval_every": 10, "iterations_per_epoch": 5},
+                "launch": {"threads": 1},
+            },
+        },
+    }
+    far_cfg = write_config(workflow_dir / "far.yaml", far)
+    targets = [
+        "results/far_jets/runs/far-pfn/eval/metrics.json",
+        "results/far_ct/runs/far-unet/eval/metrics.json",
+    ]
+    r = run_snakemake(
+        workflow_dir, *targets, "--cores", "2", "--configfile", str(tiny), str(far_cfg)
+    )
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert set(job_counts(_out(r))) == {"train_jets", "evaluate_jets", "train_seg", "evaluate_seg"}
+    m = json.loads((workflow_dir / targets[0]).read_text())
+    assert m["auc_macro"] > 0.5 and "baseline_jet_mass" in m
+    assert json.loads((workflow_dir / targets[1]).read_text())["n_cases"] >= 1
+    assert not (results / "far_jets" / "shards").exists()
+
     # -R shard_jets --until shard_jets: the shards alone
     rerun = run_snakemake(
         workflow_dir,

@@ -260,6 +260,27 @@ def test_stream_ranks_and_workers_read_disjoint_jets_and_equal_batch_counts(many
     assert len(seen) > 0.6 * n_train
 
 
+def test_stream_batches_flat_for_a_gpu_or_padded_by_the_workers_for_a_cpu(many_shards):
+    from voxjet.jets.dataset import load_split
+    from voxjet.jets.jagged import pad_particles
+    from voxjet.jets.stream import JetStream
+
+    flat = list(JetStream(many_shards, "train", 16, seed=3, block_jets=20).at(0, 0))
+    s = JetStream(many_shards, "train", 16, seed=3, block_jets=20, pad_to=8).at(0, 0)
+    padded = list(torch.utils.data.DataLoader(s, batch_size=None, num_workers=1))
+    assert len(flat) == len(padded) > 0
+    whole = load_split(many_shards, "train")  # the stored jets, for the truth
+    sizes = [sh["jets"] for sh in s.index["splits"]["train"]["shards"]]
+    first = np.cumsum(sizes) - sizes  # each shard's first jet in the loaded split
+    for a, b in zip(flat, padded, strict=True):
+        assert set(a) == {"particles", "offsets", "jets", "labels", "source"}
+        p, m = pad_particles(a["particles"], a["offsets"].diff(), 8)
+        assert torch.equal(p, b["particles"]) and torch.equal(m, b["mask"])
+        assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["jets"], b["jets"])
+        truth = whole.take(np.array([first[k] + j for k, j in b["source"].tolist()]))
+        assert torch.equal(truth["particles"], b["particles"])
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stream_is_seeded_and_resumes_at_any_batch(many_shards, workers):
     from voxjet.jets.stream import JetStream
@@ -324,3 +345,23 @@ def test_stream_reads_shards_from_a_slow_remote_url_with_the_same_batches(many_s
                        fetch=FetchConfig(retries=1), storage_options=failing)  # fmt: skip
     with pytest.raises(FetchError, match=r"shards/part_\d+/train_\d+\.h5: bytes \d+-\d+ unread"):
         list(broken.at(0, 0))
+
+
+def test_a_split_loads_from_a_url_as_from_the_folder_and_a_wrong_url_names_it(many_shards):
+    """Evaluation reads prepared shards at an fsspec URL through the fetch layer."""
+    from voxjet.errors import VoxjetError
+    from voxjet.io.remote import ReadOptions
+    from voxjet.jets.dataset import load_split
+
+    opts = ReadOptions.from_config({"storage_options": {"delay_s": 0.002}, "block_mb": 0.01})
+    assert opts.fetch.block_bytes == 10485 and opts.fetch.threads == 8
+    local, far = (
+        load_split(many_shards, "test"),
+        load_split(f"latency://{many_shards}", "test", opts),
+    )
+    assert torch.equal(local.particles, far.particles) and np.array_equal(
+        local.offsets, far.offsets
+    )
+    assert torch.equal(local.labels, far.labels)
+    with pytest.raises(VoxjetError, match=r"latency:///nowhere/index.json: not found"):
+        load_split("latency:///nowhere", "test", opts)

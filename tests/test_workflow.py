@@ -96,3 +96,10 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
         counts = job_counts(r.stdout)
         assert counts["stage"] == 1 and "synth_jets" not in counts and "synth_volumes" not in counts
         assert counts["aggregate"] == 1
+    # prepared shards at a URL: training and evaluation only, nothing staged or sharded
+    c = REPO / "config" / "examples" / "jetclass_from_s3.yaml"
+    r = run_snakemake(workflow_dir, "-n", "-p", "--configfile", str(c), "--replace-workflow-config")
+    assert r.returncode == 0, r.stdout + r.stderr
+    counts = job_counts(r.stdout)
+    assert set(counts) == {"train_jets", "evaluate_jets", "aggregate", "all"}, counts
+    assert "--shards s3://my-bucket/jetclass/shards --read" in r.stdout

@@ -106,29 +106,36 @@ def _gather_cases(a: argparse.Namespace) -> None:
     print(f"{len(gather_cases(a.plan, a.cases))} cases ready in {a.cases}", file=sys.stderr)
 
 
+READ_HELP = "JSON (or @file): the dataset's read: section, for data at an fsspec URL"
+
+
+def _read(a: argparse.Namespace) -> dict:
+    return parse_json_arg(a.read, "--read")
+
+
 def _train_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.train import run
 
-    run(a.shards, parse_json_arg(a.run_config, "--run-config"), a.out)
+    run(a.shards, parse_json_arg(a.run_config, "--run-config"), a.out, _read(a))
 
 
 def _train_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.train import run
 
-    run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out)
+    run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out, _read(a))
 
 
 def _evaluate_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.evaluate import evaluate
 
-    m = evaluate(a.shards, a.model, a.out)
+    m = evaluate(a.shards, a.model, a.out, _read(a))
     print(f"test accuracy {m['accuracy']:.4f}, macro AUC {m['auc_macro']:.4f}", file=sys.stderr)
 
 
 def _evaluate_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.evaluate import evaluate
 
-    m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror)
+    m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a))
     print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
 
 
@@ -236,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(data_arg, required=True)
         s.add_argument("--run-config", required=True, help="JSON (or @file) resolved run config")
         s.add_argument("--out", required=True)
+        s.add_argument("--read", default="{}", help=READ_HELP)
         s.set_defaults(func=func)
 
     for name, data_arg, func in (
@@ -246,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(data_arg, required=True)
         s.add_argument("--model", required=True)
         s.add_argument("--out", required=True)
+        s.add_argument("--read", default="{}", help=READ_HELP)
         if name == "evaluate-seg":
             s.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
             s.add_argument("--mirror", action="store_true", help="average all 8 axis flips")

@@ -173,6 +173,15 @@ def check_sources(config: Mapping[str, Any]) -> None:
                 f"config key 'datasets.{name}.source.file_list': {listing!r} does not exist; "
                 "point it at a text file with one path or URL a line"
             )
+        prepared = ds.get("source", {}).get("prepared")
+        if prepared and "://" not in prepared:
+            marker = "index.json" if ds.get("domain") == "jets" else "splits.json"
+            if not (Path(prepared) / marker).is_file():
+                raise VoxjetError(
+                    f"config key 'datasets.{name}.source.prepared': {prepared!r} has no "
+                    f"{marker}; point it at the results/<dataset>/"
+                    f"{'shards' if marker == 'index.json' else 'cases'} folder of an earlier run"
+                )
         path = ds.get("source", {}).get("path")
         if not path or "://" in path:
             continue

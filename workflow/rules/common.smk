@@ -97,6 +97,29 @@ def data_config(section):
     return lambda wildcards: json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
 
 
+def prepared(name):
+    """The folder or URL of a dataset given as already-prepared shards/cases (else None)."""
+    return dataset_cfg(name)["source"].get("prepared")
+
+
+def data_location(wildcards):
+    """Where training and evaluation read the dataset: its prepared URL, or results/."""
+    ds = wildcards.dataset
+    local = "shards" if dataset_cfg(ds)["domain"] == "jets" else "cases"
+    return prepared(ds) or f"results/{ds}/{local}"
+
+
+def data_input(rule_output):
+    """The prepared-data input of train/evaluate: the workflow's own output, or nothing when
+    the dataset is read from source.prepared (a URL is not a file Snakemake can track)."""
+    return lambda wildcards: [] if prepared(wildcards.dataset) else [rule_output]
+
+
+def read_options(wildcards):
+    """The dataset's `read:` section as JSON for --read."""
+    return json.dumps(dataset_cfg(wildcards.dataset)["read"], sort_keys=True)
+
+
 def shard_parts(wildcards):
     """The scatter jobs' part folders of a jets dataset (jets.shard_jobs of them)."""
     n = dataset_cfg(wildcards.dataset)["jets"]["shard_jobs"]

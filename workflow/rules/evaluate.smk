@@ -3,7 +3,7 @@
 
 rule evaluate_jets:
     input:
-        index=rules.index_jets.output[0],
+        data=data_input(rules.index_jets.output[0]),
         model=rules.train_jets.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -23,6 +23,8 @@ rule evaluate_jets:
             labels={"run": "{run}", "figure": "confusion matrix"},
         ),
     params:
+        data=data_location,
+        read=read_options,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
@@ -38,13 +40,13 @@ rule evaluate_jets:
     conda:
         ENV
     shell:
-        "voxjet evaluate-jets --shards results/{wildcards.dataset}/shards --model {input.model}"
-        " --out {params.out} > {log} 2>&1"
+        "voxjet evaluate-jets --shards {params.data:q} --read {params.read:q}"
+        " --model {input.model} --out {params.out} > {log} 2>&1"
 
 
 rule evaluate_seg:
     input:
-        cases=rules.gather_cases.output[0],
+        data=data_input(rules.gather_cases.output[0]),
         model=rules.train_seg.output.model,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -56,6 +58,8 @@ rule evaluate_seg:
             labels={"run": "{run}", "figure": "overlays"},
         ),
     params:
+        data=data_location,
+        read=read_options,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
@@ -73,5 +77,5 @@ rule evaluate_seg:
     conda:
         ENV
     shell:
-        "voxjet evaluate-seg --cases results/{wildcards.dataset}/cases --model {input.model}"
+        "voxjet evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
         " --overlap {params.overlap} {params.mirror} --out {params.out} > {log} 2>&1"

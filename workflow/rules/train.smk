@@ -4,11 +4,13 @@
 
 rule train_jets:
     input:
-        index=rules.index_jets.output[0],
+        data=data_input(rules.index_jets.output[0]),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
     params:
+        data=data_location,
+        read=read_options,
         run_config=run_config,
         gpus=launch_value("gpus"),
         nodes=launch_value("nodes"),
@@ -34,17 +36,19 @@ rule train_jets:
     shell:
         "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
         " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
-        " train-jets --shards results/{wildcards.dataset}/shards --run-config {params.run_config:q}"
-        " --out {params.run_dir} > {log} 2>&1"
+        " train-jets --shards {params.data:q} --read {params.read:q}"
+        " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"
 
 
 rule train_seg:
     input:
-        cases=rules.gather_cases.output[0],
+        data=data_input(rules.gather_cases.output[0]),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
     params:
+        data=data_location,
+        read=read_options,
         run_config=run_config,
         gpus=launch_value("gpus"),
         nodes=launch_value("nodes"),
@@ -70,5 +74,5 @@ rule train_seg:
     shell:
         "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
         " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
-        " train-seg --cases results/{wildcards.dataset}/cases --run-config {params.run_config:q}"
-        " --out {params.run_dir} > {log} 2>&1"
+        " train-seg --cases {params.data:q} --read {params.read:q}"
+        " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the LZ4 filter the shards are written with)
@@ -13,7 +12,7 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import read_json
+from voxjet.io.remote import ReadOptions, RemoteFiles, is_url, read_json_at
 from voxjet.jets.jagged import offsets_of, pad_particles, ragged_arange
 
 
@@ -48,16 +47,16 @@ class JetArrays:
         }
 
 
-def load_index(shard_dir: str | os.PathLike) -> dict:
-    """The shard folder's index.json (refusing shards of another format version)."""
+def load_index(shard_dir: str | os.PathLike, opts: ReadOptions | None = None) -> dict:
+    """The shard folder's (or URL's) index.json, refusing shards of another format version."""
     from voxjet.jets.shard import FORMAT_VERSION
 
-    path = Path(shard_dir) / "index.json"
-    index = read_json(path)
+    index = read_json_at(shard_dir, "index.json", opts or ReadOptions())
     if index.get("format_version") != FORMAT_VERSION:
         raise VoxjetError(
-            f"{path}: shards of format {index.get('format_version')}, this voxjet reads format "
-            f"{FORMAT_VERSION}; rebuild them (snakemake -R shard_jets, or delete {shard_dir})"
+            f"{shard_dir}/index.json: shards of format {index.get('format_version')}, this "
+            f"voxjet reads format {FORMAT_VERSION}; rebuild them (snakemake -R shard_jets, or "
+            f"delete {shard_dir})"
         )
     return index
 
@@ -66,11 +65,12 @@ def load_columns(
     shard_dir: str | os.PathLike,
     split: str,
     names: tuple[str, ...] = ("particles", "jets", "labels"),
+    opts: ReadOptions | None = None,
 ) -> dict[str, np.ndarray]:
     """The named datasets of every shard of `split`, concatenated (only those are read);
-    "particles" brings its "offsets" along."""
-    shard_dir = Path(shard_dir)
-    index = load_index(shard_dir)
+    "particles" brings its "offsets" along. Shards at a URL are fetched whole, concurrently."""
+    opts = opts or ReadOptions()
+    index = load_index(shard_dir, opts)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
         raise VoxjetError(
             f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
@@ -78,27 +78,34 @@ def load_columns(
         )
     keys = [*names, "offsets"] if "particles" in names else list(names)
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    for shard in index["splits"][split]["shards"]:
-        path = shard_dir / shard["file"]
-        try:
-            with h5py.File(path, "r") as f:
-                for k in parts:
-                    parts[k].append(f[k][...])
-        except (OSError, KeyError) as e:
-            raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
+    remote = RemoteFiles(str(shard_dir), opts) if is_url(shard_dir) else None
+    try:
+        for shard in index["splits"][split]["shards"]:
+            path = f"{shard_dir}/{shard['file']}"
+            try:
+                with h5py.File(remote.open(shard["file"]) if remote else path, "r") as f:
+                    for k in parts:
+                        parts[k].append(f[k][...])
+            except (OSError, KeyError) as e:
+                raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
+    finally:
+        if remote:
+            remote.close()
     out = {k: np.concatenate(v) for k, v in parts.items() if k != "offsets"}
     if "offsets" in parts:
         out["offsets"] = offsets_of(np.concatenate([np.diff(o) for o in parts["offsets"]]))
     return out
 
 
-def load_split(shard_dir: str | os.PathLike, split: str) -> JetArrays:
+def load_split(
+    shard_dir: str | os.PathLike, split: str, opts: ReadOptions | None = None
+) -> JetArrays:
     """Every shard of `split` concatenated, as tensors."""
-    cat = load_columns(shard_dir, split)
+    cat = load_columns(shard_dir, split, opts=opts)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
         cat["offsets"],
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
-        int(load_index(shard_dir)["max_particles"]),
+        int(load_index(shard_dir, opts)["max_particles"]),
     )

@@ -11,6 +11,7 @@ import torch
 from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import fit_mass_histograms, mass_probabilities
 from voxjet.jets.dataset import load_columns, load_index, load_split
 from voxjet.jets.metrics import jet_metrics
@@ -67,27 +68,30 @@ def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str)
         )
 
 
-def mass_baseline(shard_dir: str, index: dict, test) -> np.ndarray | None:
+def mass_baseline(
+    shard_dir: str, index: dict, test, read: ReadOptions | None = None
+) -> np.ndarray | None:
     """Class probabilities of the jet-mass-only reference on `test` (None without jet_sdmass)."""
     if "jet_sdmass" not in index["jet_features"]:
         return None
     col = index["jet_features"].index("jet_sdmass")
     # the jet-level columns only: the training particles are not needed for a mass histogram
-    train = load_columns(shard_dir, "train", ("jets", "labels"))
+    train = load_columns(shard_dir, "train", ("jets", "labels"), read)
     edges, table = fit_mass_histograms(
         train["jets"][:, col], train["labels"], len(index["classes"])
     )
     return mass_probabilities(test.jets[:, col].numpy(), edges, table)
 
 
-def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
+def evaluate(shard_dir: str, model_path: str, out_dir: str, read: dict | None = None) -> dict:
     """Score the test split (and the jet-mass reference); write metrics.json, predictions.h5,
     roc.png and confusion.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    index = load_index(shard_dir)
+    opts = ReadOptions.from_config(read)
+    index = load_index(shard_dir, opts)
     classes = index["classes"]
-    data = load_split(shard_dir, "test")
+    data = load_split(shard_dir, "test", opts)
     model, saved = load_trained(model_path)
     _check_compatible(saved, index, model_path, shard_dir)
     probs = predict(model, data, torch.device("cpu"))
@@ -100,7 +104,7 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str) -> dict:
         f["probs"] = probs.astype(np.float32)
         f["labels"] = labels
         f.attrs["classes"] = classes
-    base = mass_baseline(shard_dir, index, data)
+    base = mass_baseline(shard_dir, index, data, opts)
     if base is not None:
         bm = jet_metrics(base, labels, classes)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}

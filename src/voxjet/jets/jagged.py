@@ -2,8 +2,8 @@
 the shards store): gathering jets, slicing, and padding one batch to [B, P, F] with a mask.
 
 Shards keep only real particles (a JetClass jet has ~40 of its 128 slots filled), so every
-copy on the way to the model moves a third of the bytes; padding happens last, per batch, in
-the training process (on the GPU when there is one)."""
+copy on the way to the model moves a third of the bytes; padding happens last, per batch: on
+the GPU when there is one, else in the DataLoader workers."""
 
 from __future__ import annotations
 
@@ -104,8 +104,22 @@ def pad_particles(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat particles [sum(counts), F] of jets with `counts` (each ≤ length) as padded
     [B, length, F] (zeros beyond each jet's count) and the mask [B, length]; on the tensors'
-    device."""
+    device (the GPU path: the loader ships the unpadded bytes)."""
     mask = torch.arange(length, device=flat.device) < counts.to(flat.device)[:, None]
     out = flat.new_zeros(len(counts), length, flat.shape[-1])
     out[mask] = flat  # row-major order of the mask is jet by jet, particle by particle
     return out, mask
+
+
+def pad_rows(
+    flat: np.ndarray, counts: np.ndarray, length: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The numpy twin of pad_particles, into `out` ([B, length, F]) when given (the CPU path:
+    DataLoader workers pad, so the training process spends none of its cores on it)."""
+    n = len(counts)
+    if out is None:
+        out = np.empty((n, length, *flat.shape[1:]), flat.dtype)
+    out.fill(0)
+    first = np.arange(n, dtype=np.int64) * length  # each jet's first slot
+    out.reshape(n * length, *flat.shape[1:])[ragged_arange(first, counts)] = flat
+    return out

@@ -5,8 +5,9 @@ Each epoch a seeded permutation of the blocks is dealt out to the streams — on
 DataLoader worker) — so streams read disjoint data; a stream fills a shuffle buffer with
 several blocks (so a batch mixes jets of several shards and files), permutes it, and emits
 batches, carrying the remainder into the next buffer. Batches hold the particles as stored,
-flat with per-jet counts (a third of the padded bytes through the DataLoader's workers);
-`voxjet.jets.jagged.pad_particles` pads them in the training process. Every stream yields the
+flat with offsets (a third of the padded bytes through the DataLoader's workers; a GPU pads
+them with `voxjet.jets.jagged.pad_particles`), or padded by the worker (`pad_to`, for a model
+on the CPU, whose cores are busy with the training step). Every stream yields the
 same number of batches an epoch (what DDP needs), all of it fixed by (seed, epoch): a resumed
 run that skips the first `start` batches sees exactly the batches an uninterrupted run would
 have.
@@ -96,6 +97,7 @@ class JetStream(torch.utils.data.IterableDataset):
         fetch: FetchConfig | None = None,
         lookahead: int = 2,
         storage_options: dict | None = None,
+        pad_to: int | None = None,
     ) -> None:
         # a local folder, or an fsspec URL (s3://, root://, https://, latency::file://...):
         # remote shards are fetched whole, in concurrent ranges, `lookahead` files ahead
@@ -118,6 +120,7 @@ class JetStream(torch.utils.data.IterableDataset):
         self.rank, self.world = rank, world
         self.buffer_blocks = buffer_blocks
         self.epoch, self.start = 0, 0
+        self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
 
     def _index(self) -> dict:
         if not self.remote:
@@ -189,12 +192,21 @@ class JetStream(torch.utils.data.IterableDataset):
                 buf = concat_chunks(parts)
                 perm = rng.permutation(len(buf["labels"]))
                 n_full = len(perm) // self.batch_size
+                if self.pad_to is not None:
+                    # the whole buffer padded in one np.take (batches are then views): per-batch
+                    # work in this thread would compete with the training step for the GIL
+                    p = buf["particles"]
+                    flat_z = np.concatenate([p, np.zeros((1, *p.shape[1:]), p.dtype)])
+                    padded = self._padded(buf, flat_z, perm[: n_full * self.batch_size])
                 for b in range(n_full):
                     if made >= quota:
                         return
                     if made >= skip:
-                        yield self._batch(
-                            buf, perm[b * self.batch_size : (b + 1) * self.batch_size]
+                        sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
+                        yield (
+                            self._batch(buf, perm[sl])
+                            if self.pad_to is None
+                            else {k: torch.from_numpy(v[sl]) for k, v in padded.items()}
                         )
                     made += 1
                 carry = take_rows(buf, perm[n_full * self.batch_size :])
@@ -268,6 +280,23 @@ class JetStream(torch.utils.data.IterableDataset):
         shared = torch.utils.data.get_worker_info() is not None
         take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
         return tensors
+
+    def _padded(
+        self, buf: dict[str, np.ndarray], flat: np.ndarray, rows: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one np.take
+        through an index whose pad slots point at a zero row (no fill, no scatter)."""
+        off = buf["offsets"]
+        counts = off[1:][rows] - off[:-1][rows]
+        slots = np.arange(self.pad_to)
+        mask = slots < counts[:, None]
+        idx = np.where(mask, off[:-1][rows, None] + slots, len(flat) - 1)
+        out = {k: np.take(buf[k], rows, axis=0) for k in ("jets", "labels", "source")}
+        out["particles"] = np.take(flat, idx.reshape(-1), axis=0).reshape(
+            len(rows), self.pad_to, -1
+        )
+        out["mask"] = mask
+        return out
 
     def describe(self, batch: dict[str, torch.Tensor]) -> str:
         """Which shards and rows a batch came from."""

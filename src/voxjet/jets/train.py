@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.io.remote import ReadOptions
 from voxjet.jets.dataset import load_index, load_split
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.metrics import jet_metrics
@@ -35,10 +36,17 @@ def predict(model: nn.Module, data, device: torch.device, batch_size: int = 2048
 class JetTask:
     """Jet tagging for the shared loop: cross-entropy on shards, macro AUC picks the best."""
 
-    def __init__(self, shard_dir: str | Path, model_cfg: dict[str, Any], s: TrainSettings):
-        self.dir = Path(shard_dir)
-        self.index = load_index(shard_dir)
-        self.val_data = load_split(shard_dir, "val")
+    def __init__(
+        self,
+        shard_dir: str | Path,
+        model_cfg: dict[str, Any],
+        s: TrainSettings,
+        read: ReadOptions | None = None,
+    ):
+        self.dir = str(shard_dir)  # a folder or an fsspec URL
+        self.read = read or ReadOptions()
+        self.index = load_index(shard_dir, self.read)
+        self.val_data = load_split(shard_dir, "val", self.read)
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
             "n_classes": len(self.index["classes"]),
@@ -59,12 +67,23 @@ class JetTask:
         return {**self.model_cfg, "classes": self.index["classes"]}
 
     def stream(self, rt: Runtime) -> JetStream:
-        """This rank's share of the training shards, streamed."""
-        return JetStream(self.dir, "train", self.s.batch_size, self.s.seed, rt.rank, rt.world_size)
+        """This rank's share of the training shards, streamed: padded by the loader for a CPU
+        model, unpadded (a third of the bytes) for a GPU, which pads them itself."""
+        pad = None if rt.device.type == "cuda" else int(self.index["max_particles"])
+        return JetStream(
+            self.dir,
+            "train",
+            self.s.batch_size,
+            self.s.seed,
+            rt.rank,
+            rt.world_size,
+            fetch=self.read.fetch,
+            lookahead=self.read.lookahead,
+            storage_options=self.read.storage_options,
+            pad_to=pad,
+        )
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        """The rank's batches, padded here (the loop reads them in its prefetch thread, so
-        padding overlaps the training step; the workers only move the unpadded bytes)."""
         self._stream = self.stream(rt).at(epoch, start)
         loader = (
             self._stream
@@ -75,8 +94,10 @@ class JetTask:
         )
         length = int(self.index["max_particles"])
         for b in loader:
-            counts = b.pop("offsets").diff()
-            b["particles"], b["mask"] = pad_particles(b["particles"], counts, length)
+            if "offsets" in b:  # pad on the GPU (this runs in the loop's prefetch thread)
+                counts = b.pop("offsets").diff().to(rt.device, non_blocking=True)
+                flat = b["particles"].to(rt.device, non_blocking=True)
+                b["particles"], b["mask"] = pad_particles(flat, counts, length)
             yield b
 
     def describe(self, batch) -> str:
@@ -93,12 +114,16 @@ class JetTask:
         return {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
 
 
-def run(shard_dir: str, run_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """Train one run of a jet experiment into `out_dir`."""
+def run(
+    shard_dir: str, run_config: dict[str, Any], out_dir: str, read: dict | None = None
+) -> dict[str, Any]:
+    """Train one run of a jet experiment into `out_dir` (shards from a folder or a URL, read
+    with the dataset's `read:` settings)."""
     rt = init_runtime()
     s = TrainSettings(**run_config.get("train", {}))
     model_cfg = dict(run_config.get("model", {}))
     try:
-        return train(JetTask(shard_dir, model_cfg, s), s, out_dir, rt, rate_key="jets_per_s")
+        task = JetTask(shard_dir, model_cfg, s, ReadOptions.from_config(read))
+        return train(task, s, out_dir, rt, rate_key="jets_per_s")
     finally:
         shutdown(rt)

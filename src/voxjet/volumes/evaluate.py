@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from voxjet.distributed import checkpoint
-from voxjet.io.atomic import atomic_path, read_json, write_json
+from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
 from voxjet.volumes.geometry import labels_to_original
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
@@ -53,16 +54,22 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
 
 
 def evaluate(
-    cases_dir: str, model_path: str, out_dir: str, overlap: float = 0.5, mirror: bool = False
+    cases_dir: str,
+    model_path: str,
+    out_dir: str,
+    overlap: float = 0.5,
+    mirror: bool = False,
+    read: dict | None = None,
 ) -> dict:
     """Score the test cases; write metrics.json (per case and mean per class), overlays.png
     and each prediction as NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plan = read_json(Path(cases_dir) / "plan.json")
-    split = read_json(Path(cases_dir) / "splits.json")
+    opts = ReadOptions.from_config(read)
+    plan = read_json_at(cases_dir, "plan.json", opts)
+    split = read_json_at(cases_dir, "splits.json", opts)
     cases = split["test"] or split["val"]
-    store = CaseStore(cases_dir, cases)
+    store = CaseStore(cases_dir, cases, fetch=opts.fetch, storage_options=opts.storage_options)
     model, saved = load_trained(model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)

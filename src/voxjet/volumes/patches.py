@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -45,6 +46,7 @@ class CaseStore:
 
             fs, self._root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
             self._fetcher = Fetcher(fs, fetch)
+            self._ahead: dict[str, Future] | None = None  # started in the process that reads
             return
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
@@ -55,7 +57,19 @@ class CaseStore:
     def _open(self, case_id: str) -> h5py.File:
         if not self.remote:
             return h5py.File(self.dir / f"{case_id}.h5", "r")
-        data = self._fetcher.read_file(f"{self._root}/{case_id}.h5")
+        if self._ahead is None:
+            # every case file on its way, one after another in the background (each in
+            # concurrent ranges): the sampler meets later cases already fetched
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="voxjet-case-prefetch")
+            self._ahead = {
+                c: self._pool.submit(self._fetcher.read_file, f"{self._root}/{c}.h5")
+                for c in self.case_ids
+            }
+        fut = self._ahead.pop(case_id, None)
+        if fut is None or fut.cancel():  # not reached yet: fetch it now, ahead of the queue
+            data = self._fetcher.read_file(f"{self._root}/{case_id}.h5")
+        else:
+            data = fut.result()
         return h5py.File(io.BytesIO(data), "r")
 
     def file(self, case_id: str) -> h5py.File:
@@ -97,6 +111,9 @@ class CaseStore:
         self._files.clear()
         self._volumes.clear()
         if self.remote:
+            if self._ahead is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._ahead = None
             self._fetcher.close()
 
 

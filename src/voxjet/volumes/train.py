@@ -12,7 +12,7 @@ from monai.losses import DiceCELoss
 from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
-from voxjet.io.atomic import read_json
+from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
@@ -32,12 +32,16 @@ class SegTask:
         iterations_per_epoch: int = 50,
         foreground_fraction: float = 1 / 3,
         augment: bool = True,
+        read: ReadOptions | None = None,
     ) -> None:
-        self.dir = Path(cases_dir)
-        self.plan = read_json(self.dir / "plan.json")
-        self.splits = read_json(self.dir / "splits.json")
-        self.train_store = CaseStore(self.dir, self.splits["train"])
-        self.val_store = CaseStore(self.dir, self.splits["val"] or self.splits["train"][:1])
+        self.dir = str(cases_dir)  # a folder or an fsspec URL
+        r = read or ReadOptions()
+        self.plan = read_json_at(self.dir, "plan.json", r)
+        self.splits = read_json_at(self.dir, "splits.json", r)
+        remote = {"fetch": r.fetch, "storage_options": r.storage_options}
+        self.train_store = CaseStore(self.dir, self.splits["train"], **remote)
+        val = self.splits["val"] or self.splits["train"][:1]
+        self.val_store = CaseStore(self.dir, val, **remote)
         self.sampler = PatchSampler(
             self.train_store,
             self.plan["patch_size"],
@@ -111,16 +115,20 @@ class SegTask:
         return {"score": float(np.mean(vals)) if vals else 0.0, **per}
 
 
-def run(cases_dir: str, run_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """Train one run of a segmentation experiment into `out_dir`."""
+def run(
+    cases_dir: str, run_config: dict[str, Any], out_dir: str, read: dict | None = None
+) -> dict[str, Any]:
+    """Train one run of a segmentation experiment into `out_dir` (case files from a folder or
+    a URL, read with the dataset's `read:` settings)."""
+    opts = ReadOptions.from_config(read)
     rt = init_runtime()
     tcfg = dict(run_config.get("train", {}))
     extra = {k: tcfg.pop(k) for k in SEG_TRAIN_KEYS if k in tcfg}
     # 3D patches: the plan's batch size (from the GPU memory budget), not the jets' default
-    tcfg.setdefault("batch_size", read_json(Path(cases_dir) / "plan.json").get("batch_size", 2))
+    tcfg.setdefault("batch_size", read_json_at(cases_dir, "plan.json", opts).get("batch_size", 2))
     s = TrainSettings(**tcfg)
     try:
-        task = SegTask(cases_dir, dict(run_config.get("model", {})), s, **extra)
+        task = SegTask(cases_dir, dict(run_config.get("model", {})), s, **extra, read=opts)
         return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)

@@ -84,8 +84,8 @@ def main() -> None:
     ap.add_argument("--jets-per-file", type=int, default=4000)
     ap.add_argument("--cases", type=int, default=6)
     ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--block-kb", type=int, default=256)
-    ap.add_argument("--bound-mb", type=int, default=8)
+    ap.add_argument("--block-kb", type=int, default=512)
+    ap.add_argument("--bound-mb", type=int, default=16)
     a = ap.parse_args()
     block, bound = a.block_kb << 10, a.bound_mb << 20
     with tempfile.TemporaryDirectory() as d:

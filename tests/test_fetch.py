@@ -30,6 +30,19 @@ def test_whole_file_arrives_intact_with_reads_in_parallel(blob):
     assert fs.requests == 48 and fs.peak_in_flight == 8  # eight requests overlapped
 
 
+def test_files_fetched_side_by_side_share_the_memory_bound(blob):
+    from concurrent.futures import ThreadPoolExecutor
+
+    path, data = blob
+    fs = LatencyFileSystem(delay_s=0.01)
+    cfg = FetchConfig(threads=8, block_bytes=64 << 10, max_bytes_in_flight=256 << 10)
+    with Fetcher(fs, cfg) as f, ThreadPoolExecutor(3) as files:
+        assert list(files.map(f.read_file, [path] * 3)) == [data] * 3
+        # a call always has one request out: the other calls may each pass the bound by a block
+        assert f.peak_bytes_in_flight <= cfg.max_bytes_in_flight + 2 * cfg.block_bytes
+        assert f._in_flight == 0
+
+
 def test_one_thread_is_one_request_at_a_time_and_order_can_be_kept(blob):
     path, data = blob
     fs = LatencyFileSystem(delay_s=0.0)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from voxjet.errors import VoxjetError
 
+MIN_BLOCK = 64 << 10  # below this a request costs more in round trips than it moves
+
 
 @dataclass(frozen=True)
 class FetchConfig:
@@ -44,6 +46,7 @@ class Fetcher:
         self.cfg = cfg or FetchConfig()
         self.pool = ThreadPoolExecutor(max(1, self.cfg.threads), thread_name_prefix="voxjet-fetch")
         self.peak_bytes_in_flight = 0
+        self._in_flight = 0  # bytes requested and not yet handed over, over all calls
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -74,51 +77,64 @@ class Fetcher:
         )
 
     def ranges(self, url: str, ranges: list[tuple[int, int]]) -> Iterator[tuple[int, bytes]]:
-        """(index into `ranges`, bytes) for every range, as reads complete (or in order)."""
+        """(index into `ranges`, bytes) for every range, as reads complete (or in order).
+        Several calls may run at once (files fetched side by side): they share the thread pool
+        and the bound on bytes in flight."""
         cfg = self.cfg
         pending: dict[Future, int] = {}
         done: dict[int, bytes] = {}
-        in_flight = 0
+        mine = 0  # bytes this call counts in self._in_flight
         next_submit = next_yield = 0
-        while next_yield < len(ranges):
-            # keep the pool busy within the memory bound (always at least one request)
-            while next_submit < len(ranges) and len(pending) < cfg.threads:
-                size = ranges[next_submit][1] - ranges[next_submit][0]
-                if pending and in_flight + size > cfg.max_bytes_in_flight:
-                    break
-                fut = self.pool.submit(self._read, url, *ranges[next_submit])
-                pending[fut] = next_submit
-                in_flight += size
-                with self._lock:
-                    self.peak_bytes_in_flight = max(self.peak_bytes_in_flight, in_flight)
-                next_submit += 1
-            finished, _ = wait(pending, timeout=cfg.timeout_s, return_when=FIRST_COMPLETED)
-            if not finished:
-                stuck = sorted(pending.values())[0]
-                raise FetchError(
-                    f"{url}: bytes {ranges[stuck][0]}-{ranges[stuck][1]} did not arrive within "
-                    f"{cfg.timeout_s:.0f} s (a stalled read); check the storage or raise "
-                    "io.timeout_s"
-                )
-            for fut in finished:
-                i = pending.pop(fut)
-                data = fut.result()  # a FetchError surfaces here, in the reading thread
-                if not cfg.ordered:
-                    in_flight -= len(data)
+        try:
+            while next_yield < len(ranges):
+                # keep the pool busy within the memory bound (always one request of this call)
+                while next_submit < len(ranges) and len(pending) < cfg.threads:
+                    size = ranges[next_submit][1] - ranges[next_submit][0]
+                    with self._lock:
+                        if pending and self._in_flight + size > cfg.max_bytes_in_flight:
+                            break
+                        self._in_flight += size
+                        self.peak_bytes_in_flight = max(self.peak_bytes_in_flight, self._in_flight)
+                    mine += size
+                    fut = self.pool.submit(self._read, url, *ranges[next_submit])
+                    pending[fut] = next_submit
+                    next_submit += 1
+                finished, _ = wait(pending, timeout=cfg.timeout_s, return_when=FIRST_COMPLETED)
+                if not finished:
+                    stuck = sorted(pending.values())[0]
+                    raise FetchError(
+                        f"{url}: bytes {ranges[stuck][0]}-{ranges[stuck][1]} did not arrive "
+                        f"within {cfg.timeout_s:.0f} s (a stalled read); check the storage or "
+                        "raise the dataset's read.timeout_s"
+                    )
+                for fut in finished:
+                    i = pending.pop(fut)
+                    data = fut.result()  # a FetchError surfaces here, in the reading thread
+                    if not cfg.ordered:
+                        mine -= self._release(len(data))
+                        next_yield += 1
+                        yield i, data
+                    else:
+                        done[i] = data
+                while cfg.ordered and next_yield in done:
+                    data = done.pop(next_yield)
+                    mine -= self._release(len(data))
+                    yield next_yield, data
                     next_yield += 1
-                    yield i, data
-                else:
-                    done[i] = data
-            while cfg.ordered and next_yield in done:
-                data = done.pop(next_yield)
-                in_flight -= len(data)
-                yield next_yield, data
-                next_yield += 1
+        finally:
+            self._release(mine)  # what an abandoned or failed call still counted
+
+    def _release(self, n: int) -> int:
+        with self._lock:
+            self._in_flight -= n
+        return n
 
     def read_file(self, url: str, size: int | None = None) -> bytes:
         """The whole file, fetched in concurrent blocks and assembled in memory."""
         size = int(self.fs.size(url) if size is None else size)
-        step = self.cfg.block_bytes
+        # a file smaller than threads × block_bytes is cut finer, so that every thread has a
+        # range of it in flight (a 3 MB case file would otherwise be one 4 MB request)
+        step = min(self.cfg.block_bytes, max(MIN_BLOCK, -(-size // max(1, self.cfg.threads))))
         blocks = [(lo, min(lo + step, size)) for lo in range(0, size, step)]
         out = bytearray(size)
         for i, data in self.ranges(url, blocks):

@@ -223,7 +223,11 @@ class JetStream(torch.utils.data.IterableDataset):
         self._fetcher = Fetcher(fs, self.fetch)
         self._root = root
         self._order = list(dict.fromkeys(shards))  # first use order
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="voxjet-shard-prefetch")
+        # the files ahead download side by side (sharing the fetch threads and memory bound):
+        # one file's last blocks would otherwise leave most of the threads idle
+        self._pool = ThreadPoolExecutor(
+            max(1, self.lookahead), thread_name_prefix="voxjet-shard-prefetch"
+        )
         self._ahead: dict[str, Future] = {}
         self._next = 0
 

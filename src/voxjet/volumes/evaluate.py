@@ -69,7 +69,13 @@ def evaluate(
     plan = read_json_at(cases_dir, "plan.json", opts)
     split = read_json_at(cases_dir, "splits.json", opts)
     cases = split["test"] or split["val"]
-    store = CaseStore(cases_dir, cases, fetch=opts.fetch, storage_options=opts.storage_options)
+    store = CaseStore(
+        cases_dir,
+        cases,
+        fetch=opts.fetch,
+        storage_options=opts.storage_options,
+        lookahead=opts.lookahead,
+    )
     model, saved = load_trained(model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)

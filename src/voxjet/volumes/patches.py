@@ -30,6 +30,7 @@ class CaseStore:
         cache_bytes: int = 512 << 20,
         fetch: FetchConfig | None = None,
         storage_options: dict | None = None,
+        lookahead: int = 2,
     ) -> None:
         # a folder, or an fsspec URL: remote case files are fetched whole in concurrent ranges
         # on first use and kept in memory as stored (compressed); stage datasets bigger than RAM
@@ -47,6 +48,7 @@ class CaseStore:
             fs, self._root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
             self._fetcher = Fetcher(fs, fetch)
             self._ahead: dict[str, Future] | None = None  # started in the process that reads
+            self._side_by_side = max(1, lookahead)
             return
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
@@ -58,9 +60,11 @@ class CaseStore:
         if not self.remote:
             return h5py.File(self.dir / f"{case_id}.h5", "r")
         if self._ahead is None:
-            # every case file on its way, one after another in the background (each in
+            # every case file on its way in the background, `lookahead` side by side (each in
             # concurrent ranges): the sampler meets later cases already fetched
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="voxjet-case-prefetch")
+            self._pool = ThreadPoolExecutor(
+                self._side_by_side, thread_name_prefix="voxjet-case-prefetch"
+            )
             self._ahead = {
                 c: self._pool.submit(self._fetcher.read_file, f"{self._root}/{c}.h5")
                 for c in self.case_ids

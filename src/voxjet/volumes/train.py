@@ -38,7 +38,7 @@ class SegTask:
         r = read or ReadOptions()
         self.plan = read_json_at(self.dir, "plan.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
-        remote = {"fetch": r.fetch, "storage_options": r.storage_options}
+        remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead}
         self.train_store = CaseStore(self.dir, self.splits["train"], **remote)
         val = self.splits["val"] or self.splits["train"][:1]
         self.val_store = CaseStore(self.dir, val, **remote)

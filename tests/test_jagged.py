@@ -11,7 +11,6 @@ from voxjet.jets.jagged import (
     concat_chunks,
     offsets_of,
     pad_particles,
-    pad_rows,
     ragged_arange,
     take_from_chunks,
     take_rows,
@@ -63,7 +62,6 @@ def test_pad_particles_matches_numpy_padding():
     np.testing.assert_array_equal(padded.numpy(), pad_jagged(c["particles"], counts, 6))
     assert mask.sum(1).tolist() == counts.tolist()
     assert not padded[~mask].any()
-    np.testing.assert_array_equal(pad_rows(c["particles"], counts, 6), padded.numpy())
 
 
 def test_jet_arrays_take_pads_any_selection():

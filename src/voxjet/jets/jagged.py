@@ -1,9 +1,10 @@
 """Jagged particle arrays as flat rows plus offsets (awkward's ListOffsetArray layout, what
-the shards store): gathering jets, slicing, and padding one batch to [B, P, F] with a mask.
+the shards store): joining chunks, gathering jets, and padding a batch to [B, P, F] with a
+mask.
 
 Shards keep only real particles (a JetClass jet has ~40 of its 128 slots filled), so every
-copy on the way to the model moves a third of the bytes; padding happens last, per batch: on
-the GPU when there is one, else in the DataLoader workers."""
+copy on the way to the model moves a third of the bytes; padding happens last: per batch on
+the GPU when there is one, else by the loader (voxjet.jets.stream, `pad_to`)."""
 
 from __future__ import annotations
 
@@ -109,17 +110,3 @@ def pad_particles(
     out = flat.new_zeros(len(counts), length, flat.shape[-1])
     out[mask] = flat  # row-major order of the mask is jet by jet, particle by particle
     return out, mask
-
-
-def pad_rows(
-    flat: np.ndarray, counts: np.ndarray, length: int, out: np.ndarray | None = None
-) -> np.ndarray:
-    """The numpy twin of pad_particles, into `out` ([B, length, F]) when given (the CPU path:
-    DataLoader workers pad, so the training process spends none of its cores on it)."""
-    n = len(counts)
-    if out is None:
-        out = np.empty((n, length, *flat.shape[1:]), flat.dtype)
-    out.fill(0)
-    first = np.arange(n, dtype=np.int64) * length  # each jet's first slot
-    out.reshape(n * length, *flat.shape[1:])[ragged_arange(first, counts)] = flat
-    return out

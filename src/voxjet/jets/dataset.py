@@ -66,11 +66,12 @@ def load_columns(
     split: str,
     names: tuple[str, ...] = ("particles", "jets", "labels"),
     opts: ReadOptions | None = None,
+    index: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """The named datasets of every shard of `split`, concatenated (only those are read);
     "particles" brings its "offsets" along. Shards at a URL are fetched whole, concurrently."""
     opts = opts or ReadOptions()
-    index = load_index(shard_dir, opts)
+    index = index or load_index(shard_dir, opts)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
         raise VoxjetError(
             f"{shard_dir}/index.json: split {split!r} has no shards; lower or raise "
@@ -101,11 +102,12 @@ def load_split(
     shard_dir: str | os.PathLike, split: str, opts: ReadOptions | None = None
 ) -> JetArrays:
     """Every shard of `split` concatenated, as tensors."""
-    cat = load_columns(shard_dir, split, opts=opts)
+    index = load_index(shard_dir, opts)
+    cat = load_columns(shard_dir, split, opts=opts, index=index)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
         cat["offsets"],
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
-        int(load_index(shard_dir, opts)["max_particles"]),
+        int(index["max_particles"]),
     )

@@ -189,15 +189,20 @@ class JetStream(torch.utils.data.IterableDataset):
                 parts = [self._read(files, b) for b in mine[lo : lo + self.buffer_blocks]]
                 if carry is not None:
                     parts.insert(0, carry)
+                if self.pad_to is not None:
+                    # a chunk of no jets and one zero particle: joined last, it is the row
+                    # every pad slot takes from (the offsets never reach it)
+                    p = parts[0]["particles"]
+                    zero = {k: v[:0] for k, v in parts[0].items()}
+                    zero["particles"], zero["offsets"] = np.zeros_like(p[:1]), np.zeros(1, int)
+                    parts.append(zero)
                 buf = concat_chunks(parts)
                 perm = rng.permutation(len(buf["labels"]))
                 n_full = len(perm) // self.batch_size
                 if self.pad_to is not None:
                     # the whole buffer padded in one np.take (batches are then views): per-batch
                     # work in this thread would compete with the training step for the GIL
-                    p = buf["particles"]
-                    flat_z = np.concatenate([p, np.zeros((1, *p.shape[1:]), p.dtype)])
-                    padded = self._padded(buf, flat_z, perm[: n_full * self.batch_size])
+                    padded = self._padded(buf, perm[: n_full * self.batch_size])
                 for b in range(n_full):
                     if made >= quota:
                         return
@@ -285,12 +290,11 @@ class JetStream(torch.utils.data.IterableDataset):
         take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
         return tensors
 
-    def _padded(
-        self, buf: dict[str, np.ndarray], flat: np.ndarray, rows: np.ndarray
-    ) -> dict[str, np.ndarray]:
+    def _padded(self, buf: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
         """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one np.take
-        through an index whose pad slots point at a zero row (no fill, no scatter)."""
-        off = buf["offsets"]
+        through an index whose pad slots point at the buffer's last, zero row (no fill, no
+        scatter)."""
+        off, flat = buf["offsets"], buf["particles"]
         counts = off[1:][rows] - off[:-1][rows]
         slots = np.arange(self.pad_to)
         mask = slots < counts[:, None]

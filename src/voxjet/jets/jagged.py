@@ -78,7 +78,11 @@ def take_from_chunks(
     """Jets (chunk[i], rows[i]) of same-keyed chunks, in that order, without joining the
     chunks first (a shard job holds everything it read once, not twice)."""
     counts = np.zeros(len(rows), np.int64)
-    groups = [np.flatnonzero(chunk == c) for c in range(len(chunks))]
+    # each chunk's output positions, from one sort (not a scan of every row for every chunk:
+    # a shard job of many files holds thousands of chunks)
+    by_chunk = np.argsort(chunk, kind="stable")
+    bounds = np.searchsorted(chunk[by_chunk], np.arange(len(chunks) + 1))
+    groups = [by_chunk[bounds[c] : bounds[c + 1]] for c in range(len(chunks))]
     for c, sel in zip(chunks, groups, strict=True):
         counts[sel] = np.diff(c["offsets"])[rows[sel]]
     out = _empty(

@@ -76,6 +76,14 @@ def test_missing_dataset_path_fails_at_dry_run_with_the_path(workflow_dir, tmp_p
     r = run_snakemake(workflow_dir, "-n", "--configfile", str(path), "--replace-workflow-config")
     assert r.returncode != 0
     assert f"{tmp_path / 'no' / 'Task09_Spleen'}' does not exist" in r.stdout + r.stderr
+    # prepared data given as a local folder without its index.json: named, with the fix
+    cfg = yaml.safe_load((REPO / "config" / "examples" / "jetclass_from_s3.yaml").read_text())
+    cfg["datasets"]["jetclass"]["source"]["prepared"] = str(tmp_path)
+    path = write_config(tmp_path / "c.yaml", cfg)
+    r = run_snakemake(workflow_dir, "-n", "--configfile", str(path), "--replace-workflow-config")
+    assert r.returncode != 0
+    assert "datasets.jetclass.source.prepared" in r.stdout + r.stderr
+    assert "has no index.json" in r.stdout + r.stderr
 
 
 def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):

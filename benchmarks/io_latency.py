@@ -27,7 +27,7 @@ from voxjet.stage.transfer import stage
 
 THREADS = 16
 LATENCIES = (0, 1, 5, 20, 100)
-SHAPE, PATCH = (160, 160, 80), (64, 64, 32)
+SHAPE, PATCH = (192, 192, 96), (96, 96, 48)  # as benchmarks/volumes_io.py
 
 
 def rate(shards: Path, delay_ms: float, threads: int, bound: int, block: int) -> tuple[float, int]:

@@ -38,7 +38,7 @@ def rate(shards: Path, delay_ms: float, threads: int, bound: int, block: int) ->
     t, n, peak = time.perf_counter(), 0, 0
     for b in s.at(0, 0):
         n += len(b["labels"])
-        peak = max(peak, s._fetcher.peak_bytes_in_flight)
+        peak = max(peak, s._files.fetcher.peak_bytes_in_flight)
     return n / (time.perf_counter() - t), peak
 
 
@@ -57,7 +57,7 @@ def case_rate(
     for i in range(n):
         sampler.batch(0, 0, i)
     rate = 2 * n / (time.perf_counter() - t)
-    peak = store._fetcher.peak_bytes_in_flight
+    peak = store._url_files.fetcher.peak_bytes_in_flight
     store.close()
     return rate, peak
 

@@ -72,9 +72,13 @@ class RemoteFiles:
         fs, self.root = fsspec.core.url_to_fs(str(location), **opts.storage_options)
         self.fetcher = Fetcher(fs, opts.fetch)
 
+    def fetch(self, name: str) -> bytes:
+        """The bytes of file `name`."""
+        return self.fetcher.read_file(f"{self.root}/{name}")
+
     def open(self, name: str) -> io.BytesIO:
         """The bytes of file `name`, as a file object."""
-        return io.BytesIO(self.fetcher.read_file(f"{self.root}/{name}"))
+        return io.BytesIO(self.fetch(name))
 
     def close(self) -> None:
         """Stop the fetch threads."""

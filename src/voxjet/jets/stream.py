@@ -16,13 +16,11 @@ have.
 from __future__ import annotations
 
 import io
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the LZ4 filter the shards are written with)
@@ -30,8 +28,9 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import read_json
-from voxjet.io.fetch import FetchConfig, Fetcher
+from voxjet.io.fetch import FetchConfig
+from voxjet.io.remote import ReadOptions, RemoteFiles
+from voxjet.jets.dataset import load_index
 from voxjet.jets.jagged import Specs, concat_chunks, take_rows
 
 KEYS = ("jets", "labels")
@@ -123,12 +122,7 @@ class JetStream(torch.utils.data.IterableDataset):
         self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
 
     def _index(self) -> dict:
-        if not self.remote:
-            return read_json(Path(self.url) / "index.json")
-        import fsspec
-
-        with fsspec.open(f"{self.url}/index.json", "rb", **self.storage_options) as f:
-            return json.loads(f.read())
+        return load_index(self.url, ReadOptions(self.storage_options, self.fetch))
 
     def at(self, epoch: int, start: int) -> JetStream:
         """Iterate epoch `epoch` from its batch `start` (a checkpoint's position)."""
@@ -222,11 +216,7 @@ class JetStream(torch.utils.data.IterableDataset):
                 self._stop_prefetch()
 
     def _start_prefetch(self, shards: list[str]) -> None:
-        import fsspec
-
-        fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-        self._fetcher = Fetcher(fs, self.fetch)
-        self._root = root
+        self._files = RemoteFiles(self.url, ReadOptions(self.storage_options, self.fetch))
         self._order = list(dict.fromkeys(shards))  # first use order
         # the files ahead download side by side (sharing the fetch threads and memory bound):
         # one file's last blocks would otherwise leave most of the threads idle
@@ -238,17 +228,16 @@ class JetStream(torch.utils.data.IterableDataset):
 
     def _stop_prefetch(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._fetcher.close()
+        self._files.close()
 
     def _remote_file(self, shard: str) -> h5py.File:
         # keep the next `lookahead` shard files on their way while this one is read
         while self._next < len(self._order) and len(self._ahead) <= self.lookahead:
             name = self._order[self._next]
-            url = f"{self._root}/{name}"
-            self._ahead[name] = self._pool.submit(self._fetcher.read_file, url)
+            self._ahead[name] = self._pool.submit(self._files.fetch, name)
             self._next += 1
         fut = self._ahead.pop(shard, None)
-        data = fut.result() if fut else self._fetcher.read_file(f"{self._root}/{shard}")
+        data = fut.result() if fut else self._files.fetch(shard)
         return h5py.File(io.BytesIO(data), "r")
 
     def _read(self, files: OrderedDict[str, h5py.File], block: Block) -> dict[str, np.ndarray]:

@@ -17,7 +17,8 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.chunks import ChunkCache, ChunkedArray
-from voxjet.io.fetch import FetchConfig, Fetcher
+from voxjet.io.fetch import FetchConfig
+from voxjet.io.remote import ReadOptions, RemoteFiles
 
 
 class CaseStore:
@@ -43,10 +44,8 @@ class CaseStore:
         self._foreground: dict[str, list[np.ndarray]] = {}
         self.cache = ChunkCache(cache_bytes)
         if self.remote:
-            import fsspec
-
-            fs, self._root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
-            self._fetcher = Fetcher(fs, fetch)
+            opts = ReadOptions(storage_options or {}, fetch or FetchConfig())
+            self._url_files = RemoteFiles(self.url, opts)
             self._ahead: dict[str, Future] | None = None  # started in the process that reads
             self._side_by_side = max(1, lookahead)
             return
@@ -66,12 +65,11 @@ class CaseStore:
                 self._side_by_side, thread_name_prefix="voxjet-case-prefetch"
             )
             self._ahead = {
-                c: self._pool.submit(self._fetcher.read_file, f"{self._root}/{c}.h5")
-                for c in self.case_ids
+                c: self._pool.submit(self._url_files.fetch, f"{c}.h5") for c in self.case_ids
             }
         fut = self._ahead.pop(case_id, None)
         if fut is None or fut.cancel():  # not reached yet: fetch it now, ahead of the queue
-            data = self._fetcher.read_file(f"{self._root}/{case_id}.h5")
+            data = self._url_files.fetch(f"{case_id}.h5")
         else:
             data = fut.result()
         return h5py.File(io.BytesIO(data), "r")
@@ -118,7 +116,7 @@ class CaseStore:
             if self._ahead is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._ahead = None
-            self._fetcher.close()
+            self._url_files.close()
 
 
 def read_patch(

@@ -8,7 +8,7 @@ import torch
 from voxjet.jets.dataset import JetArrays
 from voxjet.jets.features import pad_jagged
 from voxjet.jets.jagged import (
-    concat_chunks,
+    JaggedBuffer,
     offsets_of,
     pad_particles,
     ragged_arange,
@@ -40,7 +40,10 @@ def test_ragged_arange_concatenates_ranges():
 def test_take_rows_takes_whole_jets_of_concatenated_chunks_in_order():
     rng = np.random.default_rng(0)
     chunks = [_chunk(rng, n, t) for t, n in enumerate((7, 0, 11, 5))]
-    data = concat_chunks(chunks)
+    buf = JaggedBuffer()
+    for c in chunks:
+        buf.append(c)
+    data = buf.view()
     assert _jets(data) == [j for c in chunks for j in _jets(c)]
     rows = rng.permutation(23)
     out = take_rows(data, rows)
@@ -53,6 +56,31 @@ def test_take_rows_takes_whole_jets_of_concatenated_chunks_in_order():
     row_in = np.concatenate([np.arange(n) for n in (7, 0, 11, 5)])
     direct = take_from_chunks(chunks, chunk_of[rows], row_in[rows])
     assert _jets(direct) == _jets(out) and direct["labels"].tolist() == out["labels"].tolist()
+
+
+def test_jagged_buffer_grows_keeping_its_content_and_is_reused_after_clear():
+    rng = np.random.default_rng(4)
+    buf = JaggedBuffer()
+    first = [_chunk(rng, n, t) for t, n in enumerate((3, 9))]
+    for c in first:
+        buf.append(c)
+    small = buf.arrays["particles"]
+    for t in range(2, 12):  # grows several times; what was in stays
+        first.append(_chunk(rng, 20, t))
+        buf.append(first[-1])
+    assert _jets(buf.view()) == [j for c in first for j in _jets(c)]
+    assert len(buf.arrays["particles"]) > len(small)
+    grown = buf.arrays["particles"]
+    buf.clear()
+    again = _chunk(rng, 4, 99)
+    buf.append(again)
+    assert buf.arrays["particles"] is grown  # the memory is kept
+    assert _jets(buf.view()) == _jets(again) and buf.view()["labels"].tolist() == [
+        9900,
+        9901,
+        9902,
+        9903,
+    ]
 
 
 def test_pad_particles_matches_numpy_padding():

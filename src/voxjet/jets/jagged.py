@@ -1,6 +1,6 @@
 """Jagged particle arrays as flat rows plus offsets (awkward's ListOffsetArray layout, what
-the shards store): joining chunks, gathering jets, and padding a batch to [B, P, F] with a
-mask.
+the shards store): a reusable buffer to read chunks into, gathering jets, and padding a
+batch to [B, P, F] with a mask.
 
 Shards keep only real particles (a JetClass jet has ~40 of its 128 slots filled), so every
 copy on the way to the model moves a third of the bytes; padding happens last: per batch on
@@ -31,15 +31,6 @@ def ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(np.asarray(starts) - first, counts)
 
 
-def concat_chunks(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Same-keyed chunks as one (a plain copy; "offsets" shifted to index the joined
-    particles)."""
-    out = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0] if k != "offsets"}
-    if "offsets" in chunks[0]:
-        out["offsets"] = offsets_of(np.concatenate([np.diff(c["offsets"]) for c in chunks]))
-    return out
-
-
 Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
@@ -68,8 +59,73 @@ def take_rows(
     if "particles" in data:
         out["offsets"][0] = 0
         np.cumsum(counts, out=out["offsets"][1:])
-        np.take(p, ragged_arange(off[:-1][rows], counts), axis=0, out=out["particles"])
+        gather_rows(p, ragged_arange(off[:-1][rows], counts), out["particles"])
     return out
+
+
+def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[i] = src[index[i]] along the first axis: torch's index_select copies whole rows
+    (2x np.take on one thread for rows of 17 float32, and it uses the intra-op threads)."""
+    if len(index):
+        torch.index_select(
+            torch.from_numpy(src), 0, torch.from_numpy(np.asarray(index)), out=torch.from_numpy(out)
+        )
+    return out
+
+
+class JaggedBuffer:
+    """A jagged chunk (flat "particles" + "offsets" + row-wise keys) that grows in place and
+    is reused: a loader reads block after block straight into it (h5py read_direct) instead
+    of reading each into new arrays and joining them, since touching fresh memory costs a
+    page fault every 4 KiB (on a small VM, as long as the copy itself)."""
+
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+        self.jets = 0
+        self.particles = 0
+
+    def clear(self) -> None:
+        """Empty it, keeping the memory."""
+        self.jets = self.particles = 0
+
+    def reserve(self, jets: int, particles: int, like: Specs) -> None:
+        """Room for `jets` more rows and `particles` more particles (plus one spare particle
+        row, for a zero row); `like` gives each key's row shape and dtype."""
+        need = {"particles": self.particles + particles + 1, "offsets": self.jets + jets + 1}
+        for k, (tail, dtype) in like.items():
+            have = self.arrays.get(k)
+            n = need.get(k, self.jets + jets)
+            if have is None or len(have) < n or have.shape[1:] != tail or have.dtype != dtype:
+                grown = np.empty((max(n, 2 * len(have) if have is not None else n), *tail), dtype)
+                if have is not None:
+                    used = {"particles": self.particles, "offsets": self.jets + 1}
+                    m = used.get(k, self.jets)
+                    grown[:m] = have[:m]
+                else:
+                    grown[:1] = 0  # offsets start at 0
+                self.arrays[k] = grown
+
+    def view(self) -> dict[str, np.ndarray]:
+        """The filled part (views: valid until the next clear or reserve)."""
+        a = self.arrays
+        out = {k: v[: self.jets] for k, v in a.items() if k not in ("particles", "offsets")}
+        out["particles"] = a["particles"][: self.particles]
+        out["offsets"] = a["offsets"][: self.jets + 1]
+        return out
+
+    def append(self, chunk: dict[str, np.ndarray]) -> None:
+        """Copy a jagged chunk in after what is there."""
+        n, m = len(chunk["offsets"]) - 1, len(chunk["particles"])
+        self.reserve(n, m, {k: (v.shape[1:], v.dtype) for k, v in chunk.items()})
+        j, p = self.jets, self.particles
+        for k, v in chunk.items():
+            if k == "particles":
+                self.arrays[k][p : p + m] = v
+            elif k == "offsets":
+                self.arrays[k][j + 1 : j + n + 1] = v[1:] - v[0] + p
+            else:
+                self.arrays[k][j : j + n] = v
+        self.jets, self.particles = j + n, p + m
 
 
 def take_from_chunks(

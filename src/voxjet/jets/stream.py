@@ -31,9 +31,20 @@ from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
-from voxjet.jets.jagged import Specs, concat_chunks, take_rows
+from voxjet.jets.jagged import JaggedBuffer, Specs, gather_rows, take_rows
 
 KEYS = ("jets", "labels")
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """An open shard file: its datasets, all its offsets, its arrays' row shapes."""
+
+    file: h5py.File
+    sets: dict[str, h5py.Dataset]
+    offsets: np.ndarray
+    like: Specs
+    number: int
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,11 @@ class JetStream(torch.utils.data.IterableDataset):
         self.buffer_blocks = buffer_blocks
         self.epoch, self.start = 0, 0
         self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
+        self._spare: JaggedBuffer | None = None
+
+    def __getstate__(self) -> dict:
+        # a DataLoader pickles the dataset into each worker: not the read buffer with it
+        return {**self.__dict__, "_spare": None}
 
     def _index(self) -> dict:
         return load_index(self.url, ReadOptions(self.storage_options, self.fetch))
@@ -173,28 +189,26 @@ class JetStream(torch.utils.data.IterableDataset):
         skip = max(0, -(-(self.start - logical) // workers))
         mine = dealt[stream]
         rng = np.random.default_rng([self.seed, self.epoch, stream])
-        files: OrderedDict[str, h5py.File] = OrderedDict()
+        files: OrderedDict[str, _Shard] = OrderedDict()
         if self.remote:
             self._start_prefetch([b.shard for b in mine])
+        # one buffer for the whole pass (and the next, in a persistent worker): blocks are
+        # read into it in place, the carry moved to its front
+        buf, self._spare = self._spare or JaggedBuffer(), None
         carry: dict[str, np.ndarray] | None = None
         made = 0
         try:
             for lo in range(0, len(mine), self.buffer_blocks):
-                parts = [self._read(files, b) for b in mine[lo : lo + self.buffer_blocks]]
+                buf.clear()
                 if carry is not None:
-                    parts.insert(0, carry)
-                if self.pad_to is not None:
-                    # a chunk of no jets and one zero particle: joined last, it is the row
-                    # every pad slot takes from (the offsets never reach it)
-                    p = parts[0]["particles"]
-                    zero = {k: v[:0] for k, v in parts[0].items()}
-                    zero["particles"], zero["offsets"] = np.zeros_like(p[:1]), np.zeros(1, int)
-                    parts.append(zero)
-                buf = concat_chunks(parts)
-                perm = rng.permutation(len(buf["labels"]))
+                    buf.append(carry)
+                for b in mine[lo : lo + self.buffer_blocks]:
+                    self._read(files, b, buf)
+                view = buf.view()
+                perm = rng.permutation(buf.jets)
                 n_full = len(perm) // self.batch_size
                 if self.pad_to is not None:
-                    # the whole buffer padded in one np.take (batches are then views): per-batch
+                    # the whole buffer padded in one gather (batches are then views): per-batch
                     # work in this thread would compete with the training step for the GIL
                     padded = self._padded(buf, perm[: n_full * self.batch_size])
                 for b in range(n_full):
@@ -203,15 +217,16 @@ class JetStream(torch.utils.data.IterableDataset):
                     if made >= skip:
                         sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
                         yield (
-                            self._batch(buf, perm[sl])
+                            self._batch(view, perm[sl])
                             if self.pad_to is None
                             else {k: torch.from_numpy(v[sl]) for k, v in padded.items()}
                         )
                     made += 1
-                carry = take_rows(buf, perm[n_full * self.batch_size :])
+                carry = take_rows(view, perm[n_full * self.batch_size :])
         finally:
-            for f in files.values():
-                f.close()
+            self._spare = buf
+            for sh in files.values():
+                sh.file.close()
             if self.remote:
                 self._stop_prefetch()
 
@@ -240,34 +255,49 @@ class JetStream(torch.utils.data.IterableDataset):
         data = fut.result() if fut else self._files.fetch(shard)
         return h5py.File(io.BytesIO(data), "r")
 
-    def _read(self, files: OrderedDict[str, h5py.File], block: Block) -> dict[str, np.ndarray]:
-        path = f"{self.url}/{block.shard}"
-        try:
-            f = files.get(block.shard)
-            if f is None:
-                f = files[block.shard] = (
-                    self._remote_file(block.shard)
-                    if self.remote
-                    # a chunk cache that holds a whole chunk: blocks end mid-chunk, and the
-                    # next block must not decompress that chunk again
-                    else h5py.File(path, "r", rdcc_nbytes=4 << 20)
-                )
-                while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
-                    files.popitem(last=False)[1].close()
-            out = {k: f[k][block.start : block.stop] for k in KEYS}
-            off = f["offsets"][block.start : block.stop + 1]
-            out["particles"] = f["particles"][off[0] : off[-1]]
-            out["offsets"] = off - off[0]
-        except (OSError, KeyError) as e:
-            raise VoxjetError(
-                f"{path}: jets {block.start}-{block.stop} unreadable ({e}); rerun the shard stage"
-            ) from e
-        # where each jet came from, for error messages: (shard number, row)
-        shard_no = self.shard_numbers[block.shard]
-        out["source"] = np.stack(
-            [np.full(block.stop - block.start, shard_no), np.arange(block.start, block.stop)], 1
+    def _open(self, shard: str) -> _Shard:
+        f = (
+            self._remote_file(shard)
+            if self.remote
+            # a chunk cache that holds a whole chunk: blocks end mid-chunk, and the next block
+            # must not decompress that chunk again
+            else h5py.File(f"{self.url}/{shard}", "r", rdcc_nbytes=4 << 20)
         )
-        return out
+        # h5py's lookups cost tens of µs each: done once a file, not once a block
+        sets = {k: f[k] for k in (*KEYS, "particles", "offsets")}
+        like = {k: (d.shape[1:], d.dtype) for k, d in sets.items()}
+        like["source"] = ((2,), np.dtype(np.int64))
+        return _Shard(f, sets, sets["offsets"][...], like, self.shard_numbers[shard])
+
+    def _read(self, files: OrderedDict[str, _Shard], block: Block, buf: JaggedBuffer) -> None:
+        """Append the block's jets to `buf`, read in place (h5py read_direct)."""
+        n = block.stop - block.start
+        try:
+            sh = files.get(block.shard)
+            if sh is None:
+                sh = files[block.shard] = self._open(block.shard)
+                while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
+                    files.popitem(last=False)[1].file.close()
+            off = sh.offsets[block.start : block.stop + 1]
+            m = int(off[-1] - off[0])
+            buf.reserve(n, m, sh.like)
+            j, p, a = buf.jets, buf.particles, buf.arrays
+            for k in KEYS:
+                sh.sets[k].read_direct(a[k], np.s_[block.start : block.stop], np.s_[j : j + n])
+            if m:
+                sh.sets["particles"].read_direct(
+                    a["particles"], np.s_[off[0] : off[-1]], np.s_[p : p + m]
+                )
+        except (OSError, KeyError, TypeError) as e:
+            raise VoxjetError(
+                f"{self.url}/{block.shard}: jets {block.start}-{block.stop} unreadable ({e}); "
+                "rerun the shard stage"
+            ) from e
+        a["offsets"][j + 1 : j + n + 1] = off[1:] - off[0] + p
+        # where each jet came from, for error messages: (shard number, row)
+        a["source"][j : j + n, 0] = sh.number
+        a["source"][j : j + n, 1] = np.arange(block.start, block.stop)
+        buf.jets, buf.particles = j + n, p + m
 
     def _batch(self, buf: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, torch.Tensor]:
         """Jets `rows` of the shuffle buffer as a batch: particles flat with offsets (pad them
@@ -279,19 +309,22 @@ class JetStream(torch.utils.data.IterableDataset):
         take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
         return tensors
 
-    def _padded(self, buf: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one np.take
-        through an index whose pad slots point at the buffer's last, zero row (no fill, no
-        scatter)."""
-        off, flat = buf["offsets"], buf["particles"]
+    def _padded(self, buf: JaggedBuffer, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one gather
+        through an index whose pad slots point at a zero row just past the buffer's particles
+        (no fill, no scatter)."""
+        view = buf.view()
+        off, zero = view["offsets"], buf.particles
+        buf.arrays["particles"][zero] = 0  # the spare row reserve() keeps
         counts = off[1:][rows] - off[:-1][rows]
         slots = np.arange(self.pad_to)
         mask = slots < counts[:, None]
-        idx = np.where(mask, off[:-1][rows, None] + slots, len(flat) - 1)
-        out = {k: np.take(buf[k], rows, axis=0) for k in ("jets", "labels", "source")}
-        out["particles"] = np.take(flat, idx.reshape(-1), axis=0).reshape(
-            len(rows), self.pad_to, -1
-        )
+        idx = np.where(mask, off[:-1][rows, None] + slots, zero)
+        out = {k: np.take(view[k], rows, axis=0) for k in ("jets", "labels", "source")}
+        flat = buf.arrays["particles"]
+        out["particles"] = gather_rows(
+            flat, idx.reshape(-1), np.empty((idx.size, *flat.shape[1:]), flat.dtype)
+        ).reshape(len(rows), self.pad_to, -1)
         out["mask"] = mask
         return out
 

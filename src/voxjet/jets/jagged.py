@@ -90,13 +90,16 @@ class JaggedBuffer:
 
     def reserve(self, jets: int, particles: int, like: Specs) -> None:
         """Room for `jets` more rows and `particles` more particles (plus one spare particle
-        row, for a zero row); `like` gives each key's row shape and dtype."""
+        row, for a zero row); `like` gives each key's row shape and dtype. Growing keeps the
+        content and adds at least a quarter (appends in a loop copy O(n) in all)."""
         need = {"particles": self.particles + particles + 1, "offsets": self.jets + jets + 1}
         for k, (tail, dtype) in like.items():
             have = self.arrays.get(k)
             n = need.get(k, self.jets + jets)
             if have is None or len(have) < n or have.shape[1:] != tail or have.dtype != dtype:
-                grown = np.empty((max(n, 2 * len(have) if have is not None else n), *tail), dtype)
+                grown = np.empty(
+                    (max(n, len(have) * 5 // 4 if have is not None else n), *tail), dtype
+                )
                 if have is not None:
                     used = {"particles": self.particles, "offsets": self.jets + 1}
                     m = used.get(k, self.jets)

@@ -199,11 +199,20 @@ class JetStream(torch.utils.data.IterableDataset):
         made = 0
         try:
             for lo in range(0, len(mine), self.buffer_blocks):
+                group = mine[lo : lo + self.buffer_blocks]
+                shards = [self._shard(files, b) for b in group]
+                # room for all of it at once: growing block by block would copy it again
+                n = sum(b.stop - b.start for b in group) + (len(carry["labels"]) if carry else 0)
+                m = sum(
+                    int(sh.offsets[b.stop] - sh.offsets[b.start])
+                    for sh, b in zip(shards, group, strict=True)
+                )
                 buf.clear()
+                buf.reserve(n, m + (len(carry["particles"]) if carry else 0), shards[0].like)
                 if carry is not None:
                     buf.append(carry)
-                for b in mine[lo : lo + self.buffer_blocks]:
-                    self._read(files, b, buf)
+                for sh, b in zip(shards, group, strict=True):
+                    self._read(sh, b, buf)
                 view = buf.view()
                 perm = rng.permutation(buf.jets)
                 n_full = len(perm) // self.batch_size
@@ -269,26 +278,37 @@ class JetStream(torch.utils.data.IterableDataset):
         like["source"] = ((2,), np.dtype(np.int64))
         return _Shard(f, sets, sets["offsets"][...], like, self.shard_numbers[shard])
 
-    def _read(self, files: OrderedDict[str, _Shard], block: Block, buf: JaggedBuffer) -> None:
+    def _shard(self, files: OrderedDict[str, _Shard], block: Block) -> _Shard:
+        """The block's shard file, opened (fetched, if remote) once."""
+        sh = files.get(block.shard)
+        if sh is not None:
+            files.move_to_end(block.shard)  # least recently used first out: never one in use
+        else:
+            try:
+                sh = files[block.shard] = self._open(block.shard)
+            except (OSError, KeyError) as e:
+                raise VoxjetError(
+                    f"{self.url}/{block.shard}: unreadable shard ({e}); rerun the shard stage"
+                ) from e
+            while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
+                files.popitem(last=False)[1].file.close()
+        return sh
+
+    def _read(self, sh: _Shard, block: Block, buf: JaggedBuffer) -> None:
         """Append the block's jets to `buf`, read in place (h5py read_direct)."""
         n = block.stop - block.start
+        off = sh.offsets[block.start : block.stop + 1]
+        m = int(off[-1] - off[0])
+        buf.reserve(n, m, sh.like)
+        j, p, a = buf.jets, buf.particles, buf.arrays
         try:
-            sh = files.get(block.shard)
-            if sh is None:
-                sh = files[block.shard] = self._open(block.shard)
-                while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
-                    files.popitem(last=False)[1].file.close()
-            off = sh.offsets[block.start : block.stop + 1]
-            m = int(off[-1] - off[0])
-            buf.reserve(n, m, sh.like)
-            j, p, a = buf.jets, buf.particles, buf.arrays
             for k in KEYS:
                 sh.sets[k].read_direct(a[k], np.s_[block.start : block.stop], np.s_[j : j + n])
             if m:
                 sh.sets["particles"].read_direct(
                     a["particles"], np.s_[off[0] : off[-1]], np.s_[p : p + m]
                 )
-        except (OSError, KeyError, TypeError) as e:
+        except (OSError, TypeError) as e:
             raise VoxjetError(
                 f"{self.url}/{block.shard}: jets {block.start}-{block.stop} unreadable ({e}); "
                 "rerun the shard stage"

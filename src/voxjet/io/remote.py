@@ -72,13 +72,13 @@ class RemoteFiles:
         fs, self.root = fsspec.core.url_to_fs(str(location), **opts.storage_options)
         self.fetcher = Fetcher(fs, opts.fetch)
 
-    def fetch(self, name: str) -> bytes:
-        """The bytes of file `name`."""
-        return self.fetcher.read_file(f"{self.root}/{name}")
+    def fetch(self, name: str, size: int | None = None) -> bytes:
+        """The bytes of file `name` (`size`, when an index knows it, saves asking for it)."""
+        return self.fetcher.read_file(f"{self.root}/{name}", size)
 
-    def open(self, name: str) -> io.BytesIO:
+    def open(self, name: str, size: int | None = None) -> io.BytesIO:
         """The bytes of file `name`, as a file object."""
-        return io.BytesIO(self.fetch(name))
+        return io.BytesIO(self.fetch(name, size))
 
     def close(self) -> None:
         """Stop the fetch threads."""

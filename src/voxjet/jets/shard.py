@@ -349,7 +349,9 @@ def shard_part(
                 mine = rows[start : start + cfg.jets_per_shard]
                 piece = take_from_chunks(chunks, chunk_of[mine], row_in[mine])
                 _write_shard(tmp / name, piece, cfg)
-                shards.append({"file": name, "jets": int(len(piece["labels"]))})
+                # its size spares a reader at a URL one request a file (fsspec's size())
+                size = (tmp / name).stat().st_size
+                shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
                 if split == "train":
                     sums.append(_sums(piece))
             labels = all_labels[rows]
@@ -400,7 +402,7 @@ def index_shards(
         shards, counts = [], np.zeros(len(classes), np.int64)
         for d, p in parts:
             info = p["splits"][split]
-            shards += [{"file": f"{d.name}/{s['file']}", "jets": s["jets"]} for s in info["shards"]]
+            shards += [{**s, "file": f"{d.name}/{s['file']}"} for s in info["shards"]]
             counts += np.array([info["class_counts"][c] for c in classes])
         index["splits"][split] = {
             "jets": int(sum(s["jets"] for s in shards)),

@@ -117,13 +117,15 @@ class JetStream(torch.utils.data.IterableDataset):
         self.storage_options = storage_options or {}
         self.index = self._index()
         if block_jets is None or self.remote:
-            # remote: whole shards are the units, so each file is fetched once an epoch
-            block_jets = max(
-                s["jets"] for s in self.index["splits"][split]["shards"] or [{"jets": 1}]
-            )
+            # remote: whole shards are the units, so each file is fetched once an epoch; the
+            # shuffle buffer keeps about as many jets as a local one (at least two shards)
+            largest = max(s["jets"] for s in self.index["splits"][split]["shards"] or [{"jets": 1}])
+            buffer_blocks = max(2, round(buffer_blocks * (block_jets or largest) / largest))
+            block_jets = largest
         self.blocks = split_blocks(self.index, split, block_jets)
         shards = self.index["splits"].get(split, {}).get("shards", [])
         self.shard_numbers = {s["file"]: i for i, s in enumerate(shards)}
+        self.shard_bytes = {s["file"]: s.get("bytes") for s in shards}  # absent: asked for
         if not self.blocks:
             raise VoxjetError(f"{self.url}/index.json: split {split!r} has no jets")
         self.split, self.batch_size, self.seed = split, batch_size, seed
@@ -255,13 +257,16 @@ class JetStream(torch.utils.data.IterableDataset):
         self._files.close()
 
     def _remote_file(self, shard: str) -> h5py.File:
-        # keep the next `lookahead` shard files on their way while this one is read
-        while self._next < len(self._order) and len(self._ahead) <= self.lookahead:
+        # keep the files of the next shuffle buffer on their way (`lookahead` of them
+        # downloading side by side) while this buffer's batches are made: waiting for a
+        # buffer's files only when it starts would take turns with the compute, not overlap it
+        window = max(self.lookahead, self.buffer_blocks)
+        while self._next < len(self._order) and len(self._ahead) <= window:
             name = self._order[self._next]
-            self._ahead[name] = self._pool.submit(self._files.fetch, name)
+            self._ahead[name] = self._pool.submit(self._files.fetch, name, self.shard_bytes[name])
             self._next += 1
         fut = self._ahead.pop(shard, None)
-        data = fut.result() if fut else self._files.fetch(shard)
+        data = fut.result() if fut else self._files.fetch(shard, self.shard_bytes[shard])
         return h5py.File(io.BytesIO(data), "r")
 
     def _open(self, shard: str) -> _Shard:

@@ -50,7 +50,8 @@ def case_rate(
     from voxjet.volumes.patches import CaseStore, PatchSampler
 
     fetch = FetchConfig(threads=threads, block_bytes=block, max_bytes_in_flight=bound)
-    store = CaseStore(f"latency://{cases}", ids, fetch=fetch,
+    sizes = {c: (cases / f"{c}.h5").stat().st_size for c in ids}  # what cases.json records
+    store = CaseStore(f"latency://{cases}", ids, fetch=fetch, sizes=sizes,
                       storage_options={"delay_s": delay_ms / 1000})  # fmt: skip
     sampler = PatchSampler(store, PATCH, 2, 1 / 3, seed=0)
     t = time.perf_counter()

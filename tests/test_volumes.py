@@ -13,9 +13,10 @@ import torch
 from conftest import SHARED_DATA
 
 from voxjet.errors import VoxjetError
+from voxjet.io.remote import ReadOptions
 from voxjet.volumes.inference import seg_metrics
 from voxjet.volumes.msd import load_dataset
-from voxjet.volumes.patches import CaseStore, PatchSampler, read_patch
+from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes, read_patch
 from voxjet.volumes.preprocess import (
     VolumePrepConfig,
     make_plan,
@@ -591,12 +592,21 @@ def test_patches_from_case_files_behind_a_slow_url_equal_the_local_ones(cases):
 
     ids = json.loads((cases / "splits.json").read_text())["train"]
     local = PatchSampler(CaseStore(cases, ids), [32, 32, 16], 2, 1 / 3, seed=5)
-    store = CaseStore(f"latency://{cases}", ids, fetch=FetchConfig(threads=8, block_bytes=64 << 10),
-                      storage_options={"delay_s": 0.01})  # fmt: skip
+    url, opts = f"latency://{cases}", ReadOptions(storage_options={"delay_s": 0.01})
+    sizes = case_sizes(url, opts)  # from cases.json: no size request a file
+    assert all(sizes[c] == (cases / f"{c}.h5").stat().st_size for c in ids)
+    store = CaseStore(url, ids, fetch=FetchConfig(threads=8, block_bytes=64 << 10), sizes=sizes,
+                      storage_options=opts.storage_options)  # fmt: skip
+    fetched: list[str] = []
+    fetch = store._url_files.fetch
+    store._url_files.fetch = lambda name, size=None: fetched.append(name) or fetch(name, size)
     remote = PatchSampler(store, [32, 32, 16], 2, 1 / 3, seed=5)
     for i in range(3):
         a, b = local.batch(0, 0, i), remote.batch(0, 0, i)
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    # the background fetch starts with the case the first batch needs, not the first case id
+    assert remote.cases(0, 0, 0)[0] != ids[0] and fetched[0] == f"{remote.cases(0, 0, 0)[0]}.h5"
+    store.close()
     broken = CaseStore(f"latency://{cases}", ids, fetch=FetchConfig(retries=1),
                        storage_options={"delay_s": 0.0, "fail_every": 1})  # fmt: skip
     with pytest.raises(FetchError, match=rf"{ids[0]}\.h5: bytes \d+-\d+ unreadable after 2"):

@@ -17,7 +17,7 @@ from voxjet.report.figures import pyplot, save_figure
 from voxjet.volumes.geometry import labels_to_original
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
-from voxjet.volumes.patches import CaseStore
+from voxjet.volumes.patches import CaseStore, case_sizes
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -75,6 +75,7 @@ def evaluate(
         fetch=opts.fetch,
         storage_options=opts.storage_options,
         lookahead=opts.lookahead,
+        sizes=case_sizes(cases_dir, opts),
     )
     model, saved = load_trained(model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -18,7 +18,16 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.chunks import ChunkCache, ChunkedArray
 from voxjet.io.fetch import FetchConfig
-from voxjet.io.remote import ReadOptions, RemoteFiles
+from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
+
+
+def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int]:
+    """Bytes of each case file at a URL, from its cases.json (empty for a local folder, or
+    cases written before sizes were recorded)."""
+    if "://" not in str(cases_dir):
+        return {}
+    cases = read_json_at(cases_dir, "cases.json", opts)
+    return {c["case_id"]: int(c["bytes"]) for c in cases if "bytes" in c}
 
 
 class CaseStore:
@@ -32,9 +41,11 @@ class CaseStore:
         fetch: FetchConfig | None = None,
         storage_options: dict | None = None,
         lookahead: int = 2,
+        sizes: dict[str, int] | None = None,
     ) -> None:
         # a folder, or an fsspec URL: remote case files are fetched whole in concurrent ranges
         # on first use and kept in memory as stored (compressed); stage datasets bigger than RAM
+        # (`sizes`, bytes a case file, e.g. from cases.json, saves a request each)
         self.url = str(cases_dir)
         self.remote = "://" in self.url
         self.dir = Path(cases_dir) if not self.remote else None
@@ -46,6 +57,7 @@ class CaseStore:
         if self.remote:
             opts = ReadOptions(storage_options or {}, fetch or FetchConfig())
             self._url_files = RemoteFiles(self.url, opts)
+            self._sizes = dict(sizes or {})
             self._ahead: dict[str, Future] | None = None  # started in the process that reads
             self._side_by_side = max(1, lookahead)
             return
@@ -55,21 +67,32 @@ class CaseStore:
                 f"{self.dir}: case files missing for {missing[:3]}; rerun preprocessing"
             )
 
+    @property
+    def prefetching(self) -> bool:
+        """Whether the background fetch of the case files has started (remote only)."""
+        return self.remote and self._ahead is not None
+
+    def prefetch(self, first: list[str] = ()) -> None:
+        """Start fetching every case file in the background, `lookahead` side by side (each
+        in concurrent ranges), the cases `first` (the order a sampler will need them) before
+        the rest; a no-op for a local folder or once started."""
+        if not self.remote or self._ahead is not None:
+            return
+        self._pool = ThreadPoolExecutor(
+            self._side_by_side, thread_name_prefix="voxjet-case-prefetch"
+        )
+        self._ahead = {
+            c: self._pool.submit(self._url_files.fetch, f"{c}.h5", self._sizes.get(c))
+            for c in dict.fromkeys([*first, *self.case_ids])
+        }
+
     def _open(self, case_id: str) -> h5py.File:
         if not self.remote:
             return h5py.File(self.dir / f"{case_id}.h5", "r")
-        if self._ahead is None:
-            # every case file on its way in the background, `lookahead` side by side (each in
-            # concurrent ranges): the sampler meets later cases already fetched
-            self._pool = ThreadPoolExecutor(
-                self._side_by_side, thread_name_prefix="voxjet-case-prefetch"
-            )
-            self._ahead = {
-                c: self._pool.submit(self._url_files.fetch, f"{c}.h5") for c in self.case_ids
-            }
+        self.prefetch()
         fut = self._ahead.pop(case_id, None)
         if fut is None or fut.cancel():  # not reached yet: fetch it now, ahead of the queue
-            data = self._url_files.fetch(f"{case_id}.h5")
+            data = self._url_files.fetch(f"{case_id}.h5", self._sizes.get(case_id))
         else:
             data = fut.result()
         return h5py.File(io.BytesIO(data), "r")
@@ -191,6 +214,8 @@ def make_augmentation(patch: np.ndarray):
 class PatchSampler:
     """Batches of (image, label) patches; the last `fg_fraction` of each batch hits foreground."""
 
+    PREFETCH_ORDER_BATCHES = 64  # batches whose cases a remote store fetches first, in order
+
     def __init__(
         self,
         store: CaseStore,
@@ -207,15 +232,28 @@ class PatchSampler:
         self.seed = seed
         self.augment = make_augmentation(self.patch) if augment else None
 
+    def cases(self, rank: int, epoch: int, index: int) -> list[str]:
+        """The cases the batch at this position draws its patches from (known before any
+        file is read: a remote store fetches them first)."""
+        rng = np.random.default_rng([self.seed, rank, epoch, index, 2])
+        return [
+            self.store.case_ids[i]
+            for i in rng.integers(len(self.store.case_ids), size=self.batch_size)
+        ]
+
     def batch(self, rank: int, epoch: int, index: int) -> dict[str, torch.Tensor]:
         """The batch at this position: a pure function of it."""
+        if self.store.remote and not self.store.prefetching:
+            # the case files in the order the coming batches need them
+            ahead = range(index, index + self.PREFETCH_ORDER_BATCHES)
+            self.store.prefetch([c for i in ahead for c in self.cases(rank, epoch, i)])
         rng = np.random.default_rng([self.seed, rank, epoch, index])
-        # a separate stream for augmentation, so switching it on does not move the patches
+        # separate streams for the cases and augmentation: switching augmentation on does not
+        # move the patches, and the cases are known without drawing the centres
         aug_rng = np.random.default_rng([self.seed, rank, epoch, index, 1])
         source: list[str] = []
         imgs = lbls = None
-        for i in range(self.batch_size):
-            case = self.store.case_ids[rng.integers(len(self.store.case_ids))]
+        for i, case in enumerate(self.cases(rank, epoch, index)):
             image, label = self.store.volumes(case)
             if imgs is None:  # the batch is filled in place, patch by patch
                 imgs = np.empty((self.batch_size, image.shape[0], *self.patch), np.float32)

@@ -348,7 +348,12 @@ def preprocess_case(
                 "shape": shape,
             }
         )
-    return {"case_id": case.case_id, "shape": list(shape), "voxels_per_class": counts}
+    return {
+        "case_id": case.case_id,
+        "shape": list(shape),
+        "voxels_per_class": counts,
+        "bytes": out_path.stat().st_size,  # spares a reader at a URL one request (size())
+    }
 
 
 def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[str]]:
@@ -447,7 +452,9 @@ def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> l
         path = cases_dir / f"{cid}.h5"
         try:
             with h5py.File(path, "r") as f:
-                summaries.append({"case_id": cid, "shape": [int(v) for v in f.attrs["shape"]]})
+                shape = [int(v) for v in f.attrs["shape"]]
+            # its size spares a reader at a URL one request a case file (fsspec's size())
+            summaries.append({"case_id": cid, "shape": shape, "bytes": path.stat().st_size})
         except OSError as e:
             raise VoxjetError(
                 f"{path}: missing or unreadable; rerun its preprocess_case job"

@@ -16,7 +16,7 @@ from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
-from voxjet.volumes.patches import CaseStore, PatchSampler
+from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes
 
 SEG_TRAIN_KEYS = ("iterations_per_epoch", "foreground_fraction", "augment")
 
@@ -38,7 +38,8 @@ class SegTask:
         r = read or ReadOptions()
         self.plan = read_json_at(self.dir, "plan.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
-        remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead}
+        remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
+                  "sizes": case_sizes(self.dir, r)}  # fmt: skip
         self.train_store = CaseStore(self.dir, self.splits["train"], **remote)
         val = self.splits["val"] or self.splits["train"][:1]
         self.val_store = CaseStore(self.dir, val, **remote)

@@ -85,7 +85,8 @@ class SegTask:
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         out = model(batch["image"].to(device))
-        return self.loss_fn(out.float(), batch["label"].to(device)), len(batch["image"])
+        target = batch["label"].to(device).long()  # uint8 from the sampler
+        return self.loss_fn(out.float(), target), len(batch["image"])
 
     def pipeline_stages(self, model: nn.Module, k: int):
         """The U-Net cut into k stages balanced for the plan's patch, and the loss the last
@@ -97,7 +98,7 @@ class SegTask:
 
     def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(input patches, label patches) on the device, for the pipeline schedule."""
-        return batch["image"].to(device), batch["label"].to(device)
+        return batch["image"].to(device), batch["label"].to(device).long()
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
         n = self.plan["num_classes"]

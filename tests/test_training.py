@@ -258,3 +258,22 @@ def _signal_tree(pid: int, sig: int) -> None:
             p.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
+
+
+def test_step_timer_counts_only_the_wait_for_a_batch_as_data_wait(monkeypatch):
+    """Validation and checkpoints between steps are wall time, not data wait."""
+    import voxjet.training.logger as logger
+
+    clock = [0.0]
+    monkeypatch.setattr(logger.time, "perf_counter", lambda: clock[0])
+    timer = logger.StepTimer()
+    for wait, step, other in ((1.0, 3.0, 0.0), (0.0, 3.0, 10.0), (1.0, 2.0, 0.0)):
+        clock[0] += wait
+        timer.data_ready()
+        clock[0] += step
+        timer.step_done(4)
+        clock[0] += other  # a checkpoint after the second step
+        timer.other_done()
+    summary = timer.summary()
+    assert summary["data_wait_fraction"] == pytest.approx(2.0 / 20.0)
+    assert summary["items_per_s"] == pytest.approx(12 / 20.0)

@@ -71,6 +71,11 @@ class StepTimer:
         self._t = time.perf_counter()
         self.items += items
 
+    def other_done(self) -> None:
+        """Call after work that is neither a step nor waiting (validation, a checkpoint): its
+        time counts in the window's wall time, not as data wait."""
+        self._t = time.perf_counter()
+
     def summary(self) -> dict[str, float]:
         """Throughput and data-wait fraction over the window."""
         total = max(time.perf_counter() - self.start, 1e-9)

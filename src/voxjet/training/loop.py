@@ -45,7 +45,7 @@ class TrainSettings:
     eval_every: int = 100
     checkpoint_every: int = 100
     scale_lr_with_world: bool = True
-    prefetch: int = 2
+    prefetch: int = 16
     loader_workers: int = 0
     seed: int = 0
     pipeline_stages: int = 1
@@ -259,6 +259,7 @@ def train(
                 if not s.eval_every:
                     validate()
                 save_last()
+                timer.other_done()
                 continue
             timer.data_ready()
             ddp.train()
@@ -306,6 +307,7 @@ def train(
                 validate()
             if (s.checkpoint_every and step % s.checkpoint_every == 0) or step == s.steps:
                 save_last()
+            timer.other_done()  # validation and checkpoints are not data wait
             if _any_rank(preempt.raised, rt):
                 save_last()
                 if rt.is_main:

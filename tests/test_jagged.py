@@ -9,6 +9,7 @@ from voxjet.jets.dataset import JetArrays
 from voxjet.jets.features import pad_jagged
 from voxjet.jets.jagged import (
     JaggedBuffer,
+    SlabPool,
     offsets_of,
     pad_particles,
     ragged_arange,
@@ -81,6 +82,23 @@ def test_jagged_buffer_grows_keeping_its_content_and_is_reused_after_clear():
         9902,
         9903,
     ]
+
+
+def test_slab_pool_reuses_a_slab_only_once_no_view_of_it_is_alive():
+    pool = SlabPool()
+    specs = {"x": ((100, 3), np.dtype(np.float32)), "m": ((100,), np.dtype(bool))}
+    first = pool.arrays(specs)
+    first_slab = id(first["x"].base)  # an id: a reference would keep the slab in use
+    batch = torch.from_numpy(first["x"][10:20])  # a batch handed out as a view
+    first["x"][:] = 1
+    del first
+    second = pool.arrays(specs)  # the batch still holds the first slab: a new one
+    second["x"][:] = 2
+    assert id(second["x"].base) != first_slab and batch.eq(1).all()
+    del batch
+    third = pool.arrays(specs)  # the first slab is free again; the second is still held
+    assert id(third["x"].base) == first_slab and len(pool.slabs) == 2
+    assert third["x"].shape == (100, 3) and third["m"].dtype == bool and (second["x"] == 2).all()
 
 
 def test_pad_particles_matches_numpy_padding():

@@ -31,7 +31,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
-from voxjet.jets.jagged import JaggedBuffer, Specs, gather_rows, take_rows
+from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, take_rows
 
 KEYS = ("jets", "labels")
 
@@ -134,10 +134,11 @@ class JetStream(torch.utils.data.IterableDataset):
         self.epoch, self.start = 0, 0
         self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
         self._spare: JaggedBuffer | None = None
+        self._slabs = SlabPool()  # a CPU model's padded buffers, reused once their batches go
 
     def __getstate__(self) -> dict:
         # a DataLoader pickles the dataset into each worker: not the read buffer with it
-        return {**self.__dict__, "_spare": None}
+        return {**self.__dict__, "_spare": None, "_slabs": SlabPool()}
 
     def _index(self) -> dict:
         return load_index(self.url, ReadOptions(self.storage_options, self.fetch))
@@ -337,20 +338,24 @@ class JetStream(torch.utils.data.IterableDataset):
     def _padded(self, buf: JaggedBuffer, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one gather
         through an index whose pad slots point at a zero row just past the buffer's particles
-        (no fill, no scatter)."""
+        (no fill, no scatter); into recycled memory (the batches are views of it)."""
         view = buf.view()
         off, zero = view["offsets"], buf.particles
-        buf.arrays["particles"][zero] = 0  # the spare row reserve() keeps
-        counts = off[1:][rows] - off[:-1][rows]
-        slots = np.arange(self.pad_to)
-        mask = slots < counts[:, None]
-        idx = np.where(mask, off[:-1][rows, None] + slots, zero)
-        out = {k: np.take(view[k], rows, axis=0) for k in ("jets", "labels", "source")}
         flat = buf.arrays["particles"]
-        out["particles"] = gather_rows(
-            flat, idx.reshape(-1), np.empty((idx.size, *flat.shape[1:]), flat.dtype)
-        ).reshape(len(rows), self.pad_to, -1)
-        out["mask"] = mask
+        flat[zero] = 0  # the spare row reserve() keeps
+        n, p = len(rows), self.pad_to
+        specs = {k: ((n, *view[k].shape[1:]), view[k].dtype) for k in ("jets", "labels", "source")}
+        specs["particles"] = ((n, p, *flat.shape[1:]), flat.dtype)
+        specs["mask"] = ((n, p), np.dtype(bool))
+        out = self._slabs.arrays(specs)
+        idx = self._slabs.arrays({"idx": ((n, p), np.dtype(np.int64))})["idx"]
+        starts = off[:-1][rows]
+        np.less(np.arange(p), (off[1:][rows] - starts)[:, None], out=out["mask"])
+        np.add(starts[:, None], np.arange(p), out=idx)
+        np.copyto(idx, zero, where=~out["mask"])
+        for k in ("jets", "labels", "source"):
+            np.take(view[k], rows, axis=0, out=out[k])
+        gather_rows(flat, idx.reshape(-1), out["particles"].reshape(n * p, -1))
         return out
 
     def describe(self, batch: dict[str, torch.Tensor]) -> str:

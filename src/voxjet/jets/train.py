@@ -84,7 +84,11 @@ class JetTask:
         )
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        self._stream = self.stream(rt).at(epoch, start)
+        # one stream for the run: read in this process, its buffer serves every epoch (new
+        # memory each epoch costs a page fault every 4 KiB, at the epoch boundary)
+        if getattr(self, "_stream", None) is None:
+            self._stream = self.stream(rt)
+        self._stream.at(epoch, start)
         loader = (
             self._stream
             if self.s.loader_workers == 0

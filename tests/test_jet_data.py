@@ -268,7 +268,11 @@ def test_stream_batches_flat_for_a_gpu_or_padded_by_the_workers_for_a_cpu(many_s
     flat = list(JetStream(many_shards, "train", 16, seed=3, block_jets=20).at(0, 0))
     s = JetStream(many_shards, "train", 16, seed=3, block_jets=20, pad_to=8).at(0, 0)
     padded = list(torch.utils.data.DataLoader(s, batch_size=None, num_workers=1))
-    assert len(flat) == len(padded) > 0
+    # padded in this process (a whole shuffle buffer at a time, batches its views) the same
+    here = list(s)
+    assert len(flat) == len(padded) == len(here) > 0
+    for a, b in zip(here, padded, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in b) and set(a) == set(b)
     whole = load_split(many_shards, "train")  # the stored jets, for the truth
     sizes = [sh["jets"] for sh in s.index["splits"]["train"]["shards"]]
     first = np.cumsum(sizes) - sizes  # each shard's first jet in the loaded split

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -86,7 +86,13 @@ def _one_buffer(specs: Specs, tensors: dict[str, torch.Tensor], shared: bool) ->
 
 _TORCH_DTYPES = {
     np.dtype(d): getattr(torch, t)
-    for d, t in (("float32", "float32"), ("int64", "int64"), ("int32", "int32"), ("int8", "int8"))
+    for d, t in (
+        ("float32", "float32"),
+        ("int64", "int64"),
+        ("int32", "int32"),
+        ("int8", "int8"),
+        ("bool", "bool"),
+    )  # fmt: skip
 }
 
 
@@ -219,20 +225,24 @@ class JetStream(torch.utils.data.IterableDataset):
                 view = buf.view()
                 perm = rng.permutation(buf.jets)
                 n_full = len(perm) // self.batch_size
-                if self.pad_to is not None:
+                in_worker = torch.utils.data.get_worker_info() is not None
+                if self.pad_to is not None and not in_worker:
                     # the whole buffer padded in one gather (batches are then views): per-batch
                     # work in this thread would compete with the training step for the GIL
-                    padded = self._padded(buf, perm[: n_full * self.batch_size])
+                    padded = self._padded(buf, perm[: n_full * self.batch_size], self._slabs.arrays)
                 for b in range(n_full):
                     if made >= quota:
                         return
                     if made >= skip:
                         sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
-                        yield (
-                            self._batch(view, perm[sl])
-                            if self.pad_to is None
-                            else {k: torch.from_numpy(v[sl]) for k, v in padded.items()}
-                        )
+                        if self.pad_to is None:
+                            yield self._batch(view, perm[sl])
+                        elif in_worker:
+                            # padded straight into shared memory: a view of a padded buffer
+                            # would be copied there once more when it is handed over
+                            yield self._padded_batch(buf, perm[sl])
+                        else:
+                            yield {k: torch.from_numpy(v[sl]) for k, v in padded.items()}
                     made += 1
                 carry = take_rows(view, perm[n_full * self.batch_size :])
         finally:
@@ -335,10 +345,18 @@ class JetStream(torch.utils.data.IterableDataset):
         take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
         return tensors
 
-    def _padded(self, buf: JaggedBuffer, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Jets `rows` of the buffer with particles padded to pad_to, and a mask: one gather
-        through an index whose pad slots point at a zero row just past the buffer's particles
-        (no fill, no scatter); into recycled memory (the batches are views of it)."""
+    def _padded_batch(self, buf: JaggedBuffer, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """Jets `rows` padded, in one shared-memory buffer (in a DataLoader worker)."""
+        tensors: dict[str, torch.Tensor] = {}
+        self._padded(buf, rows, lambda specs: _one_buffer(specs, tensors, True))
+        return tensors
+
+    def _padded(
+        self, buf: JaggedBuffer, rows: np.ndarray, alloc: Callable[[Specs], dict[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        """Jets `rows` of the buffer with particles padded to pad_to, and a mask, into arrays
+        from `alloc`: one gather through an index whose pad slots point at a zero row just
+        past the buffer's particles (no fill, no scatter)."""
         view = buf.view()
         off, zero = view["offsets"], buf.particles
         flat = buf.arrays["particles"]
@@ -347,7 +365,7 @@ class JetStream(torch.utils.data.IterableDataset):
         specs = {k: ((n, *view[k].shape[1:]), view[k].dtype) for k in ("jets", "labels", "source")}
         specs["particles"] = ((n, p, *flat.shape[1:]), flat.dtype)
         specs["mask"] = ((n, p), np.dtype(bool))
-        out = self._slabs.arrays(specs)
+        out = alloc(specs)
         idx = self._slabs.arrays({"idx": ((n, p), np.dtype(np.int64))})["idx"]
         starts = off[:-1][rows]
         np.less(np.arange(p), (off[1:][rows] - starts)[:, None], out=out["mask"])

@@ -192,7 +192,7 @@ class SlabPool:
     with torch.from_numpy keeps its array alive, so a batch still queued or held anywhere
     keeps its slab out of the pool."""
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 3) -> None:
         self.keep = keep
         self.slabs: list[np.ndarray] = []
 

@@ -595,6 +595,7 @@ def test_patches_from_case_files_behind_a_slow_url_equal_the_local_ones(cases):
     url, opts = f"latency://{cases}", ReadOptions(storage_options={"delay_s": 0.01})
     sizes = case_sizes(url, opts)  # from cases.json: no size request a file
     assert all(sizes[c] == (cases / f"{c}.h5").stat().st_size for c in ids)
+    assert case_sizes(f"latency://{cases}/nowhere", opts) == {}  # only a saving: none is fine
     store = CaseStore(url, ids, fetch=FetchConfig(threads=8, block_bytes=64 << 10), sizes=sizes,
                       storage_options=opts.storage_options)  # fmt: skip
     fetched: list[str] = []

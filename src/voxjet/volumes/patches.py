@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +27,10 @@ def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int
     cases written before sizes were recorded)."""
     if "://" not in str(cases_dir):
         return {}
-    cases = read_json_at(cases_dir, "cases.json", opts)
+    try:
+        cases = read_json_at(cases_dir, "cases.json", opts)
+    except VoxjetError:  # only a saving: without it each file's size is asked for
+        return {}
     return {c["case_id"]: int(c["bytes"]) for c in cases if "bytes" in c}
 
 
@@ -72,7 +76,7 @@ class CaseStore:
         """Whether the background fetch of the case files has started (remote only)."""
         return self.remote and self._ahead is not None
 
-    def prefetch(self, first: list[str] = ()) -> None:
+    def prefetch(self, first: Sequence[str] = ()) -> None:
         """Start fetching every case file in the background, `lookahead` side by side (each
         in concurrent ranges), the cases `first` (the order a sampler will need them) before
         the rest; a no-op for a local folder or once started."""

@@ -36,6 +36,17 @@ def ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
+def pack_layout(specs: Specs, align: int = 64) -> tuple[dict[str, tuple[int, int]], int]:
+    """Where each array of `specs` sits in one byte buffer: {key: (start, nbytes)}, each start
+    aligned (a cache line by default), and the buffer's size."""
+    layout, total = {}, 0
+    for k, (shape, dtype) in specs.items():
+        n = int(np.prod(shape)) * dtype.itemsize
+        layout[k] = (total, n)
+        total += -(-n // align) * align
+    return layout, total
+
+
 def _empty(specs: Specs) -> dict[str, np.ndarray]:
     return {k: np.empty(shape, dtype) for k, (shape, dtype) in specs.items()}
 
@@ -198,17 +209,13 @@ class SlabPool:
 
     def arrays(self, specs: Specs) -> dict[str, np.ndarray]:
         """Arrays of these shapes and dtypes, laid out in one free slab."""
-        layout, total = {}, 0
-        for k, (shape, dtype) in specs.items():
-            layout[k] = total
-            total += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64  # cache-line aligned
+        layout, total = pack_layout(specs)
         slab = self._free(total)
-        return {
-            k: slab[layout[k] : layout[k] + int(np.prod(shape)) * dtype.itemsize]
-            .view(dtype)
-            .reshape(shape)
-            for k, (shape, dtype) in specs.items()
-        }
+        out = {}
+        for k, (shape, dtype) in specs.items():
+            start, n = layout[k]
+            out[k] = slab[start : start + n].view(dtype).reshape(shape)
+        return out
 
     def _free(self, nbytes: int) -> np.ndarray:
         for slab in self.slabs:

@@ -31,7 +31,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
-from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, take_rows
+from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, pack_layout, take_rows
 
 KEYS = ("jets", "labels")
 
@@ -69,16 +69,13 @@ def split_blocks(index: dict, split: str, block_jets: int) -> list[Block]:
 def _one_buffer(specs: Specs, tensors: dict[str, torch.Tensor], shared: bool) -> dict:
     """Arrays for `specs` laid out in one (shared-memory) storage; their tensors, views of the
     same bytes, go into `tensors`."""
-    layout, total = {}, 0
-    for k, (shape, dtype) in specs.items():
-        layout[k] = total
-        total += -(-int(np.prod(shape)) * dtype.itemsize // 8) * 8  # 8-byte aligned
+    layout, total = pack_layout(specs)
     storage = torch.UntypedStorage._new_shared(total) if shared else torch.UntypedStorage(total)
     raw = torch.empty(0, dtype=torch.uint8).set_(storage)
     arrays = {}
     for k, (shape, dtype) in specs.items():
-        n = int(np.prod(shape)) * dtype.itemsize
-        t = raw[layout[k] : layout[k] + n].view(_TORCH_DTYPES[dtype]).view(shape)
+        start, n = layout[k]
+        t = raw[start : start + n].view(_TORCH_DTYPES[dtype]).view(shape)
         tensors[k] = t
         arrays[k] = t.numpy()
     return arrays

@@ -184,6 +184,7 @@ class JetStream(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         stream, n_streams = self._streams()
+        in_worker = torch.utils.data.get_worker_info() is not None
         workers = n_streams // self.world
         dealt = self._deal(n_streams)  # once an epoch: every stream deals the same way
         quota = self._quota(dealt)
@@ -222,7 +223,6 @@ class JetStream(torch.utils.data.IterableDataset):
                 view = buf.view()
                 perm = rng.permutation(buf.jets)
                 n_full = len(perm) // self.batch_size
-                in_worker = torch.utils.data.get_worker_info() is not None
                 if self.pad_to is not None and not in_worker:
                     # the whole buffer padded in one gather (batches are then views): per-batch
                     # work in this thread would compete with the training step for the GIL
@@ -233,7 +233,7 @@ class JetStream(torch.utils.data.IterableDataset):
                     if made >= skip:
                         sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
                         if self.pad_to is None:
-                            yield self._batch(view, perm[sl])
+                            yield self._batch(view, perm[sl], in_worker)
                         elif in_worker:
                             # padded straight into shared memory: a view of a padded buffer
                             # would be copied there once more when it is handed over
@@ -332,13 +332,14 @@ class JetStream(torch.utils.data.IterableDataset):
         a["source"][j : j + n, 1] = np.arange(block.start, block.stop)
         buf.jets, buf.particles = j + n, p + m
 
-    def _batch(self, buf: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, torch.Tensor]:
+    def _batch(
+        self, buf: dict[str, np.ndarray], rows: np.ndarray, shared: bool
+    ) -> dict[str, torch.Tensor]:
         """Jets `rows` of the shuffle buffer as a batch: particles flat with offsets (pad them
-        with voxjet.jets.jagged.pad_particles), jets, labels, source."""
+        with voxjet.jets.jagged.pad_particles), jets, labels, source. In a DataLoader worker
+        (`shared`) it is gathered straight into one shared-memory buffer: handing it to the
+        training process then copies nothing and sends one handle."""
         tensors: dict[str, torch.Tensor] = {}
-        # in a DataLoader worker, the batch is gathered straight into one shared-memory
-        # buffer: handing it to the training process then copies nothing and sends one handle
-        shared = torch.utils.data.get_worker_info() is not None
         take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
         return tensors
 

@@ -56,6 +56,9 @@ class JetTask:
             **model_cfg,
         }
         self.s = s
+        # one stream for the run: read in this process, its buffer serves every epoch (new
+        # memory each epoch costs a page fault every 4 KiB, at the epoch boundary)
+        self._stream: JetStream | None = None
 
     def data_config(self) -> dict[str, Any]:
         return {"shards": self.index["config_hash"]}
@@ -84,9 +87,7 @@ class JetTask:
         )
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        # one stream for the run: read in this process, its buffer serves every epoch (new
-        # memory each epoch costs a page fault every 4 KiB, at the epoch boundary)
-        if getattr(self, "_stream", None) is None:
+        if self._stream is None:
             self._stream = self.stream(rt)
         self._stream.at(epoch, start)
         loader = (

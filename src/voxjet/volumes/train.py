@@ -84,9 +84,8 @@ class SegTask:
         return "patches " + ", ".join(batch["source"])
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
-        out = model(batch["image"].to(device))
-        target = batch["label"].to(device).long()  # uint8 from the sampler
-        return self.loss_fn(out.float(), target), len(batch["image"])
+        inputs, target = self.pipeline_batch(batch, device)
+        return self.loss_fn(model(inputs).float(), target), len(inputs)
 
     def pipeline_stages(self, model: nn.Module, k: int):
         """The U-Net cut into k stages balanced for the plan's patch, and the loss the last
@@ -97,7 +96,8 @@ class SegTask:
         return stages, lambda out, target: self.loss_fn(out.float(), target)
 
     def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input patches, label patches) on the device, for the pipeline schedule."""
+        """(input patches, label patches) on the device (labels widened there from the
+        sampler's uint8), for the loss and the pipeline schedule."""
         return batch["image"].to(device), batch["label"].to(device).long()
 
     def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:

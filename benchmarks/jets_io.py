@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import uproot
 
+from voxjet.io.handover import ReturningLoader
 from voxjet.jets.features import branches_needed, compute_features, pad_jagged, variables
 from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.stream import JetStream
@@ -80,10 +81,13 @@ def _rate(make_iter, repeats: int = 2) -> float:
 
 def _workers(dataset, workers: int):
     """A DataLoader whose workers outlive a pass, so timed passes are not worker start-up
-    (which costs both loaders the same and would dominate a dataset this small)."""
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=None, num_workers=workers, persistent_workers=True
-    )
+    (which costs both loaders the same and would dominate a dataset this small). voxjet's
+    through the ReturningLoader that training uses (its workers reuse batch memory)."""
+    kw = {"num_workers": workers, "persistent_workers": True}
+    if isinstance(dataset, JetStream):
+        loader = ReturningLoader(dataset, **kw)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=None, **kw)
     for _ in loader:  # start the workers
         break
     return lambda: loader

@@ -285,6 +285,27 @@ def test_stream_batches_flat_for_a_gpu_or_padded_by_the_workers_for_a_cpu(many_s
         assert torch.equal(truth["particles"], b["particles"])
 
 
+def test_jet_stream_through_the_returning_loader_gives_the_in_process_batches(many_shards):
+    from voxjet.io.handover import ReturningLoader
+    from voxjet.jets.stream import JetStream
+
+    for pad in (None, 8):
+        s = JetStream(many_shards, "train", 16, seed=3, block_jets=20, pad_to=pad).at(0, 0)
+        here = list(s)
+        loader = ReturningLoader(s, num_workers=1, slots=2)
+        got, held = [], []
+        for i, b in enumerate(loader):
+            got.append({k: v.clone() for k, v in b.items()})
+            if i % 3 == 0:
+                held.append(b)  # some batches kept while the worker goes on
+        assert len(got) == len(here) > 3
+        for a, b in zip(here, got, strict=True):
+            assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+        for b in held:
+            i = next(j for j, g in enumerate(got) if torch.equal(g["source"], b["source"]))
+            assert all(torch.equal(b[k], got[i][k]) for k in b)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stream_is_seeded_and_resumes_at_any_batch(many_shards, workers):
     from voxjet.jets.stream import JetStream

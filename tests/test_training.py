@@ -66,8 +66,11 @@ class _SignalAt:
         return self.task.loss(model, batch, device)
 
 
-def test_preempted_run_resumes_to_identical_weights(shards, tmp_path):
-    s = TrainSettings(**_settings(steps=30))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_preempted_run_resumes_to_identical_weights(shards, tmp_path, workers):
+    # with workers, batches come through the shared-memory hand-over while the loop's
+    # read-ahead holds up to `prefetch` of them: a slab reused too early would change the data
+    s = TrainSettings(**_settings(steps=30, loader_workers=workers, prefetch=4))
     rt = init_runtime(prefer_cuda=False)
     train(JetTask(shards, MODEL, s), s, tmp_path / "a", rt)
     with pytest.raises(SystemExit) as stop:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from voxjet.io.handover import pack_layout
+
 
 def offsets_of(counts: np.ndarray) -> np.ndarray:
     """[n + 1] offsets (int64) of rows with these particle counts."""
@@ -34,17 +36,6 @@ def ragged_arange(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
-
-
-def pack_layout(specs: Specs, align: int = 64) -> tuple[dict[str, tuple[int, int]], int]:
-    """Where each array of `specs` sits in one byte buffer: {key: (start, nbytes)}, each start
-    aligned (a cache line by default), and the buffer's size."""
-    layout, total = {}, 0
-    for k, (shape, dtype) in specs.items():
-        n = int(np.prod(shape)) * dtype.itemsize
-        layout[k] = (total, n)
-        total += -(-n // align) * align
-    return layout, total
 
 
 def _empty(specs: Specs) -> dict[str, np.ndarray]:

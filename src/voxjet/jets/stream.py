@@ -29,9 +29,10 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
+from voxjet.io.handover import SharedSlabs, pack_layout, tensors_in
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
-from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, pack_layout, take_rows
+from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, take_rows
 
 KEYS = ("jets", "labels")
 
@@ -64,33 +65,6 @@ def split_blocks(index: dict, split: str, block_jets: int) -> list[Block]:
         for s in shards
         for lo in range(0, s["jets"], block_jets)
     ]
-
-
-def _one_buffer(specs: Specs, tensors: dict[str, torch.Tensor], shared: bool) -> dict:
-    """Arrays for `specs` laid out in one (shared-memory) storage; their tensors, views of the
-    same bytes, go into `tensors`."""
-    layout, total = pack_layout(specs)
-    storage = torch.UntypedStorage._new_shared(total) if shared else torch.UntypedStorage(total)
-    raw = torch.empty(0, dtype=torch.uint8).set_(storage)
-    arrays = {}
-    for k, (shape, dtype) in specs.items():
-        start, n = layout[k]
-        t = raw[start : start + n].view(_TORCH_DTYPES[dtype]).view(shape)
-        tensors[k] = t
-        arrays[k] = t.numpy()
-    return arrays
-
-
-_TORCH_DTYPES = {
-    np.dtype(d): getattr(torch, t)
-    for d, t in (
-        ("float32", "float32"),
-        ("int64", "int64"),
-        ("int32", "int32"),
-        ("int8", "int8"),
-        ("bool", "bool"),
-    )  # fmt: skip
-}
 
 
 class JetStream(torch.utils.data.IterableDataset):
@@ -138,10 +112,13 @@ class JetStream(torch.utils.data.IterableDataset):
         self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
         self._spare: JaggedBuffer | None = None
         self._slabs = SlabPool()  # a CPU model's padded buffers, reused once their batches go
+        # set by voxjet.io.handover.ReturningLoader: workers then reuse their batches' memory
+        self.slot_table: torch.Tensor | None = None
+        self._shared: SharedSlabs | None = None
 
     def __getstate__(self) -> dict:
         # a DataLoader pickles the dataset into each worker: not the read buffer with it
-        return {**self.__dict__, "_spare": None, "_slabs": SlabPool()}
+        return {**self.__dict__, "_spare": None, "_slabs": SlabPool(), "_shared": None}
 
     def _index(self) -> dict:
         return load_index(self.url, ReadOptions(self.storage_options, self.fetch))
@@ -340,14 +317,29 @@ class JetStream(torch.utils.data.IterableDataset):
         (`shared`) it is gathered straight into one shared-memory buffer: handing it to the
         training process then copies nothing and sends one handle."""
         tensors: dict[str, torch.Tensor] = {}
-        take_rows(buf, rows, lambda specs: _one_buffer(specs, tensors, shared))
+        take_rows(buf, rows, lambda specs: self._arrays(specs, tensors, shared))
         return tensors
 
     def _padded_batch(self, buf: JaggedBuffer, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """Jets `rows` padded, in one shared-memory buffer (in a DataLoader worker)."""
         tensors: dict[str, torch.Tensor] = {}
-        self._padded(buf, rows, lambda specs: _one_buffer(specs, tensors, True))
+        self._padded(buf, rows, lambda specs: self._arrays(specs, tensors, True))
         return tensors
+
+    def _arrays(self, specs: Specs, batch: dict, shared: bool) -> dict[str, np.ndarray]:
+        """Arrays for `specs` in one storage — shared memory in a DataLoader worker, a reused
+        slab under a ReturningLoader — to fill; what to yield of them goes into `batch`."""
+        if shared and self.slot_table is not None:
+            if self._shared is None:
+                self._shared = SharedSlabs(self.slot_table, torch.utils.data.get_worker_info().id)
+            arrays, out = self._shared.batch(specs)
+        else:
+            _, total = pack_layout(specs)
+            storage = torch.UntypedStorage._new_shared(total) if shared else None
+            out = tensors_in(storage or torch.UntypedStorage(total), specs)
+            arrays = {k: t.numpy() for k, t in out.items()}
+        batch.update(out)
+        return arrays
 
     def _padded(
         self, buf: JaggedBuffer, rows: np.ndarray, alloc: Callable[[Specs], dict[str, np.ndarray]]

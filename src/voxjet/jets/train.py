@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.io.handover import ReturningLoader
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.dataset import load_index, load_split
 from voxjet.jets.jagged import pad_particles
@@ -90,12 +91,12 @@ class JetTask:
         if self._stream is None:
             self._stream = self.stream(rt)
         self._stream.at(epoch, start)
+        # workers reuse their batches' shared memory once the loop lets go of them: enough
+        # slots for every batch the loop's read-ahead can hold, and the ones in transit
         loader = (
             self._stream
             if self.s.loader_workers == 0
-            else torch.utils.data.DataLoader(
-                self._stream, batch_size=None, num_workers=self.s.loader_workers
-            )
+            else ReturningLoader(self._stream, self.s.loader_workers, slots=self.s.prefetch + 4)
         )
         length = int(self.index["max_particles"])
         for b in loader:

@@ -30,6 +30,17 @@ def test_whole_file_arrives_intact_with_reads_in_parallel(blob):
     assert fs.requests == 48 and fs.peak_in_flight == 8  # eight requests overlapped
 
 
+def test_a_file_is_cut_for_its_share_of_the_threads(blob):
+    """Alone, a 3 MiB file is cut so that all 8 threads have a range of it; read side by side
+    with another, into half as many, larger ranges (each extra one is a round trip more)."""
+    path, data = blob
+    for side_by_side, requests in ((1, 8), (2, 4), (8, 3)):  # the last: 1 MiB blocks
+        fs = LatencyFileSystem(delay_s=0.0)
+        with Fetcher(fs, FetchConfig(threads=8, block_bytes=1 << 20)) as f:
+            assert f.read_file(path, side_by_side=side_by_side) == data
+        assert fs.requests == requests
+
+
 def test_files_fetched_side_by_side_share_the_memory_bound(blob):
     from concurrent.futures import ThreadPoolExecutor
 

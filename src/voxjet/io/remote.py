@@ -71,10 +71,11 @@ class RemoteFiles:
 
         fs, self.root = fsspec.core.url_to_fs(str(location), **opts.storage_options)
         self.fetcher = Fetcher(fs, opts.fetch)
+        self.side_by_side = max(1, opts.lookahead)  # files a reader fetches at once
 
     def fetch(self, name: str, size: int | None = None) -> bytes:
         """The bytes of file `name` (`size`, when an index knows it, saves asking for it)."""
-        return self.fetcher.read_file(f"{self.root}/{name}", size)
+        return self.fetcher.read_file(f"{self.root}/{name}", size, self.side_by_side)
 
     def open(self, name: str, size: int | None = None) -> io.BytesIO:
         """The bytes of file `name`, as a file object."""

@@ -227,7 +227,8 @@ class JetStream(torch.utils.data.IterableDataset):
                 self._stop_prefetch()
 
     def _start_prefetch(self, shards: list[str]) -> None:
-        self._files = RemoteFiles(self.url, ReadOptions(self.storage_options, self.fetch))
+        opts = ReadOptions(self.storage_options, self.fetch, self.lookahead)
+        self._files = RemoteFiles(self.url, opts)
         self._order = list(dict.fromkeys(shards))  # first use order
         # the files ahead download side by side (sharing the fetch threads and memory bound):
         # one file's last blocks would otherwise leave most of the threads idle

@@ -59,7 +59,7 @@ class CaseStore:
         self._foreground: dict[str, list[np.ndarray]] = {}
         self.cache = ChunkCache(cache_bytes)
         if self.remote:
-            opts = ReadOptions(storage_options or {}, fetch or FetchConfig())
+            opts = ReadOptions(storage_options or {}, fetch or FetchConfig(), lookahead)
             self._url_files = RemoteFiles(self.url, opts)
             self._sizes = dict(sizes or {})
             self._ahead: dict[str, Future] | None = None  # started in the process that reads

@@ -7,6 +7,7 @@ import io
 import json
 import os
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,25 +65,62 @@ def read_json_at(location: str | os.PathLike, name: str, opts: ReadOptions) -> d
 
 
 class RemoteFiles:
-    """Whole files of one URL folder, fetched in concurrent ranges (for h5py over BytesIO)."""
+    """Whole files of one URL folder, fetched in concurrent ranges (for h5py over BytesIO),
+    and fetched ahead in the background in the order a reader will need them."""
 
-    def __init__(self, location: str, opts: ReadOptions) -> None:
+    def __init__(
+        self, location: str, opts: ReadOptions, sizes: Mapping[str, int | None] | None = None
+    ) -> None:
         import fsspec
 
         fs, self.root = fsspec.core.url_to_fs(str(location), **opts.storage_options)
         self.fetcher = Fetcher(fs, opts.fetch)
-        self.side_by_side = max(1, opts.lookahead)  # files a reader fetches at once
+        self.side_by_side = max(1, opts.lookahead)  # files fetched at once
+        self.sizes = dict(sizes or {})  # from an index: spares a size request a file
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[str, Future] = {}
+        self._queue: list[str] = []
+        self._next, self._window = 0, 0
 
     def fetch(self, name: str, size: int | None = None) -> bytes:
         """The bytes of file `name` (`size`, when an index knows it, saves asking for it)."""
+        size = self.sizes.get(name) if size is None else size
         return self.fetcher.read_file(f"{self.root}/{name}", size, self.side_by_side)
+
+    def fetch_ahead(self, order: list[str], window: int | None = None) -> None:
+        """Fetch these files in the background in this order, `lookahead` side by side (each
+        in concurrent ranges), at most `window` of them fetched and not yet taken (None: no
+        limit); `take` hands them over."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.side_by_side, "voxjet-file-prefetch")
+        self._queue, self._next = list(dict.fromkeys(order)), 0
+        self._window = len(self._queue) if window is None else window
+        self._top_up()
+
+    def _top_up(self) -> None:
+        while self._next < len(self._queue) and len(self._ahead) <= self._window:
+            name = self._queue[self._next]
+            self._next += 1
+            if name not in self._ahead:
+                self._ahead[name] = self._pool.submit(self.fetch, name)
+
+    def take(self, name: str) -> bytes:
+        """The bytes of file `name`: from the background fetch once it has begun, else
+        fetched now, ahead of the queue."""
+        self._top_up()
+        fut = self._ahead.pop(name, None)
+        if fut is None or fut.cancel():
+            return self.fetch(name)
+        return fut.result()
 
     def open(self, name: str, size: int | None = None) -> io.BytesIO:
         """The bytes of file `name`, as a file object."""
         return io.BytesIO(self.fetch(name, size))
 
     def close(self) -> None:
-        """Stop the fetch threads."""
+        """Stop the fetch threads (and any fetch ahead not yet begun)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self.fetcher.close()
 
     def __enter__(self) -> RemoteFiles:

@@ -19,7 +19,6 @@ import io
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import h5py
@@ -224,40 +223,19 @@ class JetStream(torch.utils.data.IterableDataset):
             for sh in files.values():
                 sh.file.close()
             if self.remote:
-                self._stop_prefetch()
+                self._files.close()
 
     def _start_prefetch(self, shards: list[str]) -> None:
         opts = ReadOptions(self.storage_options, self.fetch, self.lookahead)
-        self._files = RemoteFiles(self.url, opts)
-        self._order = list(dict.fromkeys(shards))  # first use order
-        # the files ahead download side by side (sharing the fetch threads and memory bound):
-        # one file's last blocks would otherwise leave most of the threads idle
-        self._pool = ThreadPoolExecutor(
-            max(1, self.lookahead), thread_name_prefix="voxjet-shard-prefetch"
-        )
-        self._ahead: dict[str, Future] = {}
-        self._next = 0
-
-    def _stop_prefetch(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._files.close()
-
-    def _remote_file(self, shard: str) -> h5py.File:
-        # keep the files of the next shuffle buffer on their way (`lookahead` of them
-        # downloading side by side) while this buffer's batches are made: waiting for a
-        # buffer's files only when it starts would take turns with the compute, not overlap it
-        window = max(self.lookahead, self.buffer_blocks)
-        while self._next < len(self._order) and len(self._ahead) <= window:
-            name = self._order[self._next]
-            self._ahead[name] = self._pool.submit(self._files.fetch, name, self.shard_bytes[name])
-            self._next += 1
-        fut = self._ahead.pop(shard, None)
-        data = fut.result() if fut else self._files.fetch(shard, self.shard_bytes[shard])
-        return h5py.File(io.BytesIO(data), "r")
+        self._files = RemoteFiles(self.url, opts, self.shard_bytes)
+        # keep the files of the next shuffle buffer on their way while this buffer's batches
+        # are made: waiting for a buffer's files only when it starts would take turns with
+        # the compute, not overlap it
+        self._files.fetch_ahead(shards, window=max(self.lookahead, self.buffer_blocks))
 
     def _open(self, shard: str) -> _Shard:
         f = (
-            self._remote_file(shard)
+            h5py.File(io.BytesIO(self._files.take(shard)), "r")
             if self.remote
             # a chunk cache that holds a whole chunk: blocks end mid-chunk, and the next block
             # must not decompress that chunk again

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -60,10 +59,9 @@ class CaseStore:
         self.cache = ChunkCache(cache_bytes)
         if self.remote:
             opts = ReadOptions(storage_options or {}, fetch or FetchConfig(), lookahead)
-            self._url_files = RemoteFiles(self.url, opts)
-            self._sizes = dict(sizes or {})
-            self._ahead: dict[str, Future] | None = None  # started in the process that reads
-            self._side_by_side = max(1, lookahead)
+            sizes = {f"{c}.h5": n for c, n in (sizes or {}).items()}
+            self._url_files = RemoteFiles(self.url, opts, sizes)
+            self._prefetching = False  # started in the process that reads
             return
         missing = [c for c in self.case_ids if not (self.dir / f"{c}.h5").is_file()]
         if missing:
@@ -74,32 +72,22 @@ class CaseStore:
     @property
     def prefetching(self) -> bool:
         """Whether the background fetch of the case files has started (remote only)."""
-        return self.remote and self._ahead is not None
+        return self.remote and self._prefetching
 
     def prefetch(self, first: Sequence[str] = ()) -> None:
         """Start fetching every case file in the background, `lookahead` side by side (each
         in concurrent ranges), the cases `first` (the order a sampler will need them) before
         the rest; a no-op for a local folder or once started."""
-        if not self.remote or self._ahead is not None:
+        if not self.remote or self._prefetching:
             return
-        self._pool = ThreadPoolExecutor(
-            self._side_by_side, thread_name_prefix="voxjet-case-prefetch"
-        )
-        self._ahead = {
-            c: self._pool.submit(self._url_files.fetch, f"{c}.h5", self._sizes.get(c))
-            for c in dict.fromkeys([*first, *self.case_ids])
-        }
+        self._prefetching = True
+        self._url_files.fetch_ahead([f"{c}.h5" for c in [*first, *self.case_ids]])
 
     def _open(self, case_id: str) -> h5py.File:
         if not self.remote:
             return h5py.File(self.dir / f"{case_id}.h5", "r")
         self.prefetch()
-        fut = self._ahead.pop(case_id, None)
-        if fut is None or fut.cancel():  # not reached yet: fetch it now, ahead of the queue
-            data = self._url_files.fetch(f"{case_id}.h5", self._sizes.get(case_id))
-        else:
-            data = fut.result()
-        return h5py.File(io.BytesIO(data), "r")
+        return h5py.File(io.BytesIO(self._url_files.take(f"{case_id}.h5")), "r")
 
     def file(self, case_id: str) -> h5py.File:
         """The open HDF5 file of a case."""
@@ -140,10 +128,8 @@ class CaseStore:
         self._files.clear()
         self._volumes.clear()
         if self.remote:
-            if self._ahead is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._ahead = None
             self._url_files.close()
+            self._prefetching = False
 
 
 def read_patch(

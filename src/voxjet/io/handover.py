@@ -85,9 +85,13 @@ class SharedSlabs:
         return {k: t.numpy() for k, t in tensors.items()}, tensors
 
 
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
 def _unused(storage: torch.UntypedStorage) -> bool:
-    # one reference: the `held` entry's; every tensor view of the batch adds one
-    return torch._C._storage_Use_Count(storage._cdata) == 1
+    # one reference: the `held` entry's; every tensor view of the batch adds one. A torch
+    # without the count never frees a slot: its workers then take fresh memory, as before
+    return _USE_COUNT is not None and _USE_COUNT(storage._cdata) == 1
 
 
 class ReturningLoader:

@@ -11,6 +11,7 @@ way instead of hanging the training job.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -140,8 +141,13 @@ class Fetcher:
         share = max(1, self.cfg.threads // max(1, side_by_side))
         step = min(self.cfg.block_bytes, max(MIN_BLOCK, -(-size // share)))
         blocks = [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-        out = bytearray(size)
+        # assembled in a BytesIO, whose getvalue() hands over its buffer without a copy
+        # (bytes(bytearray) would copy the file once more, into fresh memory)
+        out = io.BytesIO()
+        if size:
+            out.seek(size - 1)
+            out.write(b"\0")  # one allocation of the whole file
         for i, data in self.ranges(url, blocks):
-            lo = blocks[i][0]
-            out[lo : lo + len(data)] = data
-        return bytes(out)
+            out.seek(blocks[i][0])
+            out.write(data)
+        return out.getvalue()

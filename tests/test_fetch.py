@@ -122,3 +122,27 @@ def test_jet_shards_stream_from_s3(s3_endpoint, shards):
                                                      block_jets=None).at(0, 0)]  # fmt: skip
     remote = JetStream("s3://voxjet-test/shards", "train", 32, seed=2, storage_options=opts)
     assert [b["source"].tolist() for b in remote.at(0, 0)] == local
+
+
+def test_a_fetched_file_reads_like_the_file_wherever_its_blocks_end(blob):
+    """The file object over the fetched blocks (what h5py opens) reads, seeks and tells like
+    the file itself, across block boundaries and past the end."""
+    import io
+
+    path, data = blob
+    with Fetcher(LatencyFileSystem(delay_s=0.0), FetchConfig(threads=3, block_bytes=1 << 20)) as f:
+        got = f.open_file(path)
+    ref = io.BytesIO(data)
+    for pos, n in (
+        (0, 10),
+        ((1 << 20) - 3, 7),
+        (5, 3 << 20),
+        (len(data) - 2, 10),
+        (len(data) + 5, 4),
+    ):
+        for fobj in (got, ref):
+            fobj.seek(pos)
+        assert got.read(n) == ref.read(n) and got.tell() == ref.tell()
+    buf = bytearray(2 << 20)
+    got.seek(-(1 << 20), io.SEEK_END)
+    assert got.readinto(buf) == 1 << 20 and bytes(buf[: 1 << 20]) == data[-(1 << 20) :]

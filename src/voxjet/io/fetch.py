@@ -130,9 +130,10 @@ class Fetcher:
             self._in_flight -= n
         return n
 
-    def read_file(self, url: str, size: int | None = None, side_by_side: int = 1) -> bytes:
-        """The whole file, fetched in concurrent blocks and assembled in memory; with
-        `side_by_side` files read at once, each has its share of the threads."""
+    def open_file(self, url: str, size: int | None = None, side_by_side: int = 1) -> BlocksFile:
+        """The whole file, fetched in concurrent blocks, as a read-only file object over the
+        blocks as they arrived; with `side_by_side` files read at once, each has its share of
+        the threads."""
         size = int(self.fs.size(url) if size is None else size)
         # a file smaller than its share of threads × block_bytes is cut finer, so that each of
         # those threads has a range of it in flight (a 3 MB case file would otherwise be one
@@ -141,13 +142,49 @@ class Fetcher:
         share = max(1, self.cfg.threads // max(1, side_by_side))
         step = min(self.cfg.block_bytes, max(MIN_BLOCK, -(-size // share)))
         blocks = [(lo, min(lo + step, size)) for lo in range(0, size, step)]
-        # assembled in a BytesIO, whose getvalue() hands over its buffer without a copy
-        # (bytes(bytearray) would copy the file once more, into fresh memory)
-        out = io.BytesIO()
-        if size:
-            out.seek(size - 1)
-            out.write(b"\0")  # one allocation of the whole file
+        got: list[bytes] = [b""] * len(blocks)
         for i, data in self.ranges(url, blocks):
-            out.seek(blocks[i][0])
-            out.write(data)
-        return out.getvalue()
+            got[i] = data
+        return BlocksFile(got, step, size)
+
+    def read_file(self, url: str, size: int | None = None, side_by_side: int = 1) -> bytes:
+        """The whole file's bytes (see `open_file`)."""
+        return self.open_file(url, size, side_by_side).read()
+
+
+class BlocksFile(io.RawIOBase):
+    """A read-only, seekable file over equal blocks of bytes (the last may be shorter), so
+    that h5py reads a fetched file where its blocks landed: assembling them into one buffer
+    first would copy every file once more, into fresh memory, under the GIL — a loader's
+    fetch threads then stall the thread that computes its batches."""
+
+    def __init__(self, blocks: list[bytes], step: int, size: int) -> None:
+        super().__init__()
+        self._blocks = [memoryview(b) for b in blocks]
+        self._step, self._size, self._pos = step, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self._size - self._pos))
+        done = 0
+        while done < n:
+            i, off = divmod(self._pos + done, self._step)
+            take = min(self._step - off, n - done)
+            out[done : done + take] = self._blocks[i][off : off + take]
+            done += take
+        self._pos += n
+        return n

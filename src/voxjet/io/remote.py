@@ -82,10 +82,11 @@ class RemoteFiles:
         self._queue: list[str] = []
         self._next, self._window = 0, 0
 
-    def fetch(self, name: str, size: int | None = None) -> bytes:
-        """The bytes of file `name` (`size`, when an index knows it, saves asking for it)."""
+    def fetch(self, name: str, size: int | None = None) -> io.RawIOBase:
+        """File `name`, fetched whole, as a read-only file object (`size`, when an index knows
+        it, saves asking for it)."""
         size = self.sizes.get(name) if size is None else size
-        return self.fetcher.read_file(f"{self.root}/{name}", size, self.side_by_side)
+        return self.fetcher.open_file(f"{self.root}/{name}", size, self.side_by_side)
 
     def fetch_ahead(self, order: list[str], window: int | None = None) -> None:
         """Fetch these files in the background in this order, `lookahead` side by side (each
@@ -104,18 +105,14 @@ class RemoteFiles:
             if name not in self._ahead:
                 self._ahead[name] = self._pool.submit(self.fetch, name)
 
-    def take(self, name: str) -> bytes:
-        """The bytes of file `name`: from the background fetch once it has begun, else
-        fetched now, ahead of the queue."""
+    def take(self, name: str) -> io.RawIOBase:
+        """File `name`: from the background fetch once it has begun, else fetched now, ahead
+        of the queue."""
         self._top_up()
         fut = self._ahead.pop(name, None)
         if fut is None or fut.cancel():
             return self.fetch(name)
         return fut.result()
-
-    def open(self, name: str, size: int | None = None) -> io.BytesIO:
-        """The bytes of file `name`, as a file object."""
-        return io.BytesIO(self.fetch(name, size))
 
     def close(self) -> None:
         """Stop the fetch threads (and any fetch ahead not yet begun)."""

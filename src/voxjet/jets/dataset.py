@@ -84,7 +84,9 @@ def load_columns(
         for shard in index["splits"][split]["shards"]:
             path = f"{shard_dir}/{shard['file']}"
             try:
-                with h5py.File(remote.open(shard["file"]) if remote else path, "r") as f:
+                with h5py.File(
+                    remote.fetch(shard["file"], shard.get("bytes")) if remote else path, "r"
+                ) as f:
                     for k in parts:
                         parts[k].append(f[k][...])
             except (OSError, KeyError) as e:

@@ -15,7 +15,6 @@ have.
 
 from __future__ import annotations
 
-import io
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -235,7 +234,7 @@ class JetStream(torch.utils.data.IterableDataset):
 
     def _open(self, shard: str) -> _Shard:
         f = (
-            h5py.File(io.BytesIO(self._files.take(shard)), "r")
+            h5py.File(self._files.take(shard), "r")
             if self.remote
             # a chunk cache that holds a whole chunk: blocks end mid-chunk, and the next block
             # must not decompress that chunk again

@@ -5,7 +5,6 @@ draw is a pure function of (seed, rank, epoch, batch index), so resuming is exac
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,7 +86,7 @@ class CaseStore:
         if not self.remote:
             return h5py.File(self.dir / f"{case_id}.h5", "r")
         self.prefetch()
-        return h5py.File(io.BytesIO(self._url_files.take(f"{case_id}.h5")), "r")
+        return h5py.File(self._url_files.take(f"{case_id}.h5"), "r")
 
     def file(self, case_id: str) -> h5py.File:
         """The open HDF5 file of a case."""

@@ -225,12 +225,13 @@ class JetStream(torch.utils.data.IterableDataset):
                 self._files.close()
 
     def _start_prefetch(self, shards: list[str]) -> None:
-        opts = ReadOptions(self.storage_options, self.fetch, self.lookahead)
-        self._files = RemoteFiles(self.url, opts, self.shard_bytes)
         # keep the files of the next shuffle buffer on their way while this buffer's batches
-        # are made: waiting for a buffer's files only when it starts would take turns with
-        # the compute, not overlap it
-        self._files.fetch_ahead(shards, window=max(self.lookahead, self.buffer_blocks))
+        # are made (waiting for a buffer's files only when it starts would take turns with
+        # the compute, not overlap it), all of them side by side: a buffer needs every one
+        window = max(self.lookahead, self.buffer_blocks)
+        opts = ReadOptions(self.storage_options, self.fetch, window)
+        self._files = RemoteFiles(self.url, opts, self.shard_bytes)
+        self._files.fetch_ahead(shards, window=window)
 
     def _open(self, shard: str) -> _Shard:
         f = (

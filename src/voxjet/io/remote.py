@@ -65,8 +65,8 @@ def read_json_at(location: str | os.PathLike, name: str, opts: ReadOptions) -> d
 
 
 class RemoteFiles:
-    """Whole files of one URL folder, fetched in concurrent ranges (for h5py over BytesIO),
-    and fetched ahead in the background in the order a reader will need them."""
+    """Whole files of one URL folder, fetched in concurrent ranges as file objects h5py
+    opens, and fetched ahead in the background in the order a reader will need them."""
 
     def __init__(
         self, location: str, opts: ReadOptions, sizes: Mapping[str, int | None] | None = None

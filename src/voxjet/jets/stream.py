@@ -314,8 +314,8 @@ class JetStream(torch.utils.data.IterableDataset):
             arrays, out = self._shared.batch(specs)
         else:
             _, total = pack_layout(specs)
-            storage = torch.UntypedStorage._new_shared(total) if shared else None
-            out = tensors_in(storage or torch.UntypedStorage(total), specs)
+            new = torch.UntypedStorage._new_shared if shared else torch.UntypedStorage
+            out = tensors_in(new(total), specs)
             arrays = {k: t.numpy() for k, t in out.items()}
         batch.update(out)
         return arrays

@@ -51,6 +51,17 @@ def tensors_in(storage: torch.UntypedStorage, specs: Specs) -> dict[str, torch.T
     }
 
 
+def fresh_batch(
+    specs: Specs, shared: bool = True
+) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+    """Arrays of `specs` to fill and their tensors, in one new storage (shared memory, for a
+    DataLoader worker to hand over, or plain)."""
+    _, nbytes = pack_layout(specs)
+    new = torch.UntypedStorage._new_shared if shared else torch.UntypedStorage
+    tensors = tensors_in(new(nbytes), specs)
+    return {k: t.numpy() for k, t in tensors.items()}, tensors
+
+
 class SharedSlabs:
     """A worker's side: shared-memory storages for its batches, reused when FREE again."""
 
@@ -81,8 +92,7 @@ class SharedSlabs:
                 return arrays, {SLOT: self.first + s, LAYOUT: specs}
             self.sent[s] = True
             return arrays, {**tensors, SLOT: self.first + s}
-        tensors = tensors_in(torch.UntypedStorage._new_shared(nbytes), specs)
-        return {k: t.numpy() for k, t in tensors.items()}, tensors
+        return fresh_batch(specs)
 
 
 _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)

@@ -69,13 +69,19 @@ class RemoteFiles:
     opens, and fetched ahead in the background in the order a reader will need them."""
 
     def __init__(
-        self, location: str, opts: ReadOptions, sizes: Mapping[str, int | None] | None = None
+        self,
+        location: str,
+        opts: ReadOptions,
+        sizes: Mapping[str, int | None] | None = None,
+        side_by_side: int | None = None,
     ) -> None:
         import fsspec
 
         fs, self.root = fsspec.core.url_to_fs(str(location), **opts.storage_options)
         self.fetcher = Fetcher(fs, opts.fetch)
-        self.side_by_side = max(1, opts.lookahead)  # files fetched at once
+        # files fetched at once (the reader's lookahead unless it knows better), each cut for
+        # its share of the fetch threads
+        self.side_by_side = max(1, opts.lookahead if side_by_side is None else side_by_side)
         self.sizes = dict(sizes or {})  # from an index: spares a size request a file
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[str, Future] = {}
@@ -89,7 +95,7 @@ class RemoteFiles:
         return self.fetcher.open_file(f"{self.root}/{name}", size, self.side_by_side)
 
     def fetch_ahead(self, order: list[str], window: int | None = None) -> None:
-        """Fetch these files in the background in this order, `lookahead` side by side (each
+        """Fetch these files in the background in this order, `side_by_side` at once (each
         in concurrent ranges), at most `window` of them fetched and not yet taken (None: no
         limit); `take` hands them over."""
         if self._pool is None:

@@ -27,7 +27,7 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
-from voxjet.io.handover import SharedSlabs, pack_layout, tensors_in
+from voxjet.io.handover import SharedSlabs, fresh_batch
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
 from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, take_rows
@@ -229,8 +229,8 @@ class JetStream(torch.utils.data.IterableDataset):
         # are made (waiting for a buffer's files only when it starts would take turns with
         # the compute, not overlap it), all of them side by side: a buffer needs every one
         window = max(self.lookahead, self.buffer_blocks)
-        opts = ReadOptions(self.storage_options, self.fetch, window)
-        self._files = RemoteFiles(self.url, opts, self.shard_bytes)
+        opts = ReadOptions(self.storage_options, self.fetch)
+        self._files = RemoteFiles(self.url, opts, self.shard_bytes, side_by_side=window)
         self._files.fetch_ahead(shards, window=window)
 
     def _open(self, shard: str) -> _Shard:
@@ -313,10 +313,7 @@ class JetStream(torch.utils.data.IterableDataset):
                 self._shared = SharedSlabs(self.slot_table, torch.utils.data.get_worker_info().id)
             arrays, out = self._shared.batch(specs)
         else:
-            _, total = pack_layout(specs)
-            new = torch.UntypedStorage._new_shared if shared else torch.UntypedStorage
-            out = tensors_in(new(total), specs)
-            arrays = {k: t.numpy() for k, t in out.items()}
+            arrays, out = fresh_batch(specs, shared)
         batch.update(out)
         return arrays
 

@@ -71,7 +71,7 @@ def test_preempted_run_resumes_to_identical_weights(shards, tmp_path, workers):
     # with workers, batches come through the shared-memory hand-over while the loop's
     # read-ahead holds up to `prefetch` of them: a slab reused too early would change the data
     s = TrainSettings(**_settings(steps=30, loader_workers=workers, prefetch=4))
-    rt = init_runtime(prefer_cuda=False)
+    rt = init_runtime("cpu")
     train(JetTask(shards, MODEL, s), s, tmp_path / "a", rt)
     with pytest.raises(SystemExit) as stop:
         train(_SignalAt(JetTask(shards, MODEL, s), at=13), s, tmp_path / "b", rt)
@@ -110,7 +110,7 @@ def test_two_process_ddp_through_torchrun(shards, tmp_path):
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(shards, tmp_path):
-    rt = init_runtime(prefer_cuda=False)
+    rt = init_runtime("cpu")
     s = TrainSettings(**_settings(steps=20))
     train(JetTask(shards, MODEL, s), s, tmp_path, rt)
     changed = TrainSettings(**_settings(steps=20, lr=1e-2))
@@ -195,7 +195,7 @@ def test_nan_loss_stops_naming_step_and_batch_source(shards, tmp_path):
     with pytest.raises(
         VoxjetError, match=r"non-finite loss .* at step 3 .*part_0000/train_000\.h5"
     ):
-        train(_NanAt(JetTask(shards, MODEL, s), at=3), s, tmp_path, init_runtime(False))
+        train(_NanAt(JetTask(shards, MODEL, s), at=3), s, tmp_path, init_runtime("cpu"))
     assert not (tmp_path / "model.pt").exists()
 
 

@@ -30,15 +30,27 @@ def test_dry_run_lists_every_demo_job(workflow_dir):
     assert job_counts(r.stdout) == DEMO_JOBS
 
 
-def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir):
-    r = run_snakemake(workflow_dir, "-n", "--workflow-profile", "workflow/profiles/slurm")
+def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp_path):
+    over = write_config(tmp_path / "gpus.yaml", {"experiments": {"pfn": {"launch": {"gpus": 2}}}})
+    r = run_snakemake(
+        workflow_dir,
+        "-n",
+        "--workflow-profile",
+        "workflow/profiles/slurm",
+        "--configfile",
+        str(over),
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     blocks = r.stdout.split("\nrule ")
     train = [b for b in blocks if b.startswith("train_")]
     assert len(train) == 6
     for b in train:
-        assert "gpu=1" in b and "slurm_partition=gpu" in b and "torchrun" not in b
-        assert "voxjet launch --gpus 1" in b
+        assert "slurm_partition=gpu" in b and "torchrun" not in b
+        if "run=pfn_" in b:  # the experiment given GPUs asks for them, one process each
+            assert "gpu=2" in b and "voxjet launch --gpus 2 --cpu-processes 1" in b
+        else:  # the demo's experiments ask for the CPU
+            assert "gpu=0" in b and "voxjet launch --gpus 0" in b
+        assert "--threads " in b  # shared by the processes (OMP_NUM_THREADS each)
     stage = [b for b in blocks if b.startswith("stage:")]
     assert stage and all("slurm_partition=cpu" in b for b in stage)
 
@@ -111,3 +123,37 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
     counts = job_counts(r.stdout)
     assert set(counts) == {"train_jets", "evaluate_jets", "aggregate", "all"}, counts
     assert "--shards s3://my-bucket/jetclass/shards --read" in r.stdout
+
+
+def test_gpu_job_without_gpus_stops_before_training_and_says_why(workflow_dir, shards, tmp_path):
+    """`launch.gpus: 1` on this CPU machine: the job stops before training with what torch
+    reports, and that message (from the job's log) reaches the console; `gpus: 0` trains."""
+    exp = {
+        "dataset": "prepared",
+        "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
+        "train": {"steps": 6, "eval_every": 3, "batch_size": 32},
+    }
+    cfg = {
+        "datasets": {"prepared": {"domain": "jets", "source": {"prepared": str(shards)}}},
+        "experiments": {
+            "on-gpu": {**exp, "launch": {"gpus": 1, "threads": 1}},
+            "on-cpu": {**exp, "launch": {"gpus": 0, "threads": 1}},
+        },
+    }
+    path = write_config(tmp_path / "gpu.yaml", cfg)
+    runs = workflow_dir / "results" / "prepared" / "runs"
+    r = run_snakemake(
+        workflow_dir,
+        "--configfile",
+        str(path),
+        "--replace-workflow-config",
+        "--keep-going",
+        "results/prepared/runs/on-gpu/model.pt",
+        "results/prepared/runs/on-cpu/model.pt",
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "voxjet launch: error: launch.gpus: 1 GPU(s) asked for, but" in out, out[-3000:]
+    assert "or set launch.gpus: 0 to run on the CPU" in out
+    assert (runs / "on-cpu" / "model.pt").is_file()
+    assert not (runs / "on-gpu" / "checkpoints").exists()  # stopped before training began

@@ -20,16 +20,24 @@ def _synth_jets(a: argparse.Namespace) -> None:
         jets_per_file=a.jets_per_file,
         seed=a.seed,
     )
-    if a.generator == "toy":
-        from voxjet.jets.synth import generate_dataset
-
-        generate_dataset(a.out, cfg)
-    elif a.generator == "pythia":
-        from voxjet.jets.pythia import generate_dataset as pythia_dataset
-
-        pythia_dataset(a.out, cfg, workers=a.workers)
-    else:
+    if a.generator not in ("pythia", "toy"):
         raise VoxjetError(f"generator {a.generator!r}: use 'pythia' or 'toy'")
+    if a.generator == "pythia":
+        from voxjet.jets.pythia import generate_dataset as pythia_dataset
+        from voxjet.jets.pythia import missing
+
+        why = missing()
+        if why is None:
+            pythia_dataset(a.out, cfg, workers=a.workers)
+            return
+        # the demo still runs where no pythia8mc wheel exists (aarch64, CPython 3.14)
+        print(
+            f"synth-jets: {why}. Generating the jets with the toy generator instead.",
+            file=sys.stderr,
+        )
+    from voxjet.jets.synth import generate_dataset
+
+    generate_dataset(a.out, cfg)
 
 
 def _synth_volumes(a: argparse.Namespace) -> None:
@@ -159,7 +167,7 @@ def _launch(a: argparse.Namespace) -> None:
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     if not args:
         raise VoxjetError("launch: give the voxjet command to run after --")
-    code = run_torchrun(a.gpus, args, a.cpu_processes, a.nodes, a.stop_margin)
+    code = run_torchrun(a.gpus, args, a.cpu_processes, a.nodes, a.stop_margin, a.threads)
     if code:
         sys.exit(code)
 
@@ -261,12 +269,23 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(func=func)
 
     s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")
-    s.add_argument("--gpus", type=int, default=1)
+    s.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs a node, one process each (checked: torch must see them); 0 runs on the CPU",
+    )
     s.add_argument(
         "--cpu-processes",
         type=int,
         default=1,
-        help="processes on a machine without CUDA (gloo backend)",
+        help="processes a node when --gpus is 0 (gloo backend)",
+    )
+    s.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of the job, shared by a node's processes (OMP_NUM_THREADS each)",
     )
     s.add_argument(
         "--nodes", type=int, default=1, help="nodes of the SLURM job: srun starts one torchrun each"

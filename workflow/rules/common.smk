@@ -5,12 +5,24 @@ import re
 import shlex
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 from voxjet.config import check_config, check_sources, expand_runs
 from voxjet.errors import VoxjetError
 from voxjet.report.aggregate import run_infos
+from voxjet.workflow_env import conda_env_file
 
-ENV = "../../envs/voxjet.yaml"
+
+def conda_env():
+    """The rules' conda env: envs/voxjet.yaml, with voxjet installed from this workflow's
+    folder when Snakemake deploys it (`--sdm conda` copies the file elsewhere first)."""
+    if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
+        return "../../envs/voxjet.yaml"
+    template = workflow.source_path("../../envs/voxjet.yaml")
+    return str(conda_env_file(template, workflow.basedir, ".snakemake/voxjet-envs").resolve())
+
+
+ENV = conda_env()
 
 
 wildcard_constraints:
@@ -141,6 +153,20 @@ def run_evaluate(wildcards):
 def launch_value(key):
     """One key of the run's `launch:` section, as a params/resources function."""
     return lambda wildcards: run_launch(wildcards)[key]
+
+
+def launch_args(wildcards):
+    """`voxjet launch` options of the run's job: GPUs (or CPU processes), nodes, stop margin."""
+    launch = run_launch(wildcards)
+    return (
+        f"--gpus {launch['gpus']} --cpu-processes {launch['cpu_processes']}"
+        f" --nodes {launch['nodes']} --stop-margin {launch['stop_margin']}"
+    )
+
+
+def eval_launch_args(wildcards):
+    """Evaluation runs as one process, on a GPU when the experiment trains on GPUs."""
+    return f"--gpus {min(1, run_launch(wildcards)['gpus'])}"
 
 
 def launch_gpus_total(wildcards):

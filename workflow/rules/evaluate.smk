@@ -25,6 +25,7 @@ rule evaluate_jets:
     params:
         data=data_location,
         read=read_options,
+        launch=eval_launch_args,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
@@ -35,12 +36,14 @@ rule evaluate_jets:
         run=one_of([r.run_id for r in runs_of("jets")]),
     threads: 1
     resources:
+        gpu=lambda wildcards: min(1, run_launch(wildcards)["gpus"]),
         mem_mb=4000,
         runtime=30,
     conda:
         ENV
     shell:
-        "voxjet evaluate-jets --shards {params.data:q} --read {params.read:q}"
+        "voxjet launch {params.launch} --threads {threads} --"
+        " evaluate-jets --shards {params.data:q} --read {params.read:q}"
         " --model {input.model} --out {params.out} > {log} 2>&1"
 
 
@@ -60,6 +63,7 @@ rule evaluate_seg:
     params:
         data=data_location,
         read=read_options,
+        launch=eval_launch_args,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
@@ -72,10 +76,12 @@ rule evaluate_seg:
         run=one_of([r.run_id for r in runs_of("volumes")]),
     threads: 1
     resources:
+        gpu=lambda wildcards: min(1, run_launch(wildcards)["gpus"]),
         mem_mb=8000,
         runtime=60,
     conda:
         ENV
     shell:
-        "voxjet evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
+        "voxjet launch {params.launch} --threads {threads} --"
+        " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
         " --overlap {params.overlap} {params.mirror} --out {params.out} > {log} 2>&1"

@@ -12,9 +12,7 @@ rule train_jets:
         data=data_location,
         read=read_options,
         run_config=run_config,
-        gpus=launch_value("gpus"),
-        nodes=launch_value("nodes"),
-        stop_margin=launch_value("stop_margin"),
+        launch=launch_args,
         run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
     log:
         "logs/train_jets/{dataset}/{run}.log",
@@ -34,8 +32,7 @@ rule train_jets:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
-        " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
+        "voxjet launch {params.launch} --threads {threads} --"
         " train-jets --shards {params.data:q} --read {params.read:q}"
         " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"
 
@@ -50,9 +47,7 @@ rule train_seg:
         data=data_location,
         read=read_options,
         run_config=run_config,
-        gpus=launch_value("gpus"),
-        nodes=launch_value("nodes"),
-        stop_margin=launch_value("stop_margin"),
+        launch=launch_args,
         run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
     log:
         "logs/train_seg/{dataset}/{run}.log",
@@ -72,7 +67,6 @@ rule train_seg:
     conda:
         ENV
     shell:
-        "OMP_NUM_THREADS={threads} voxjet launch --gpus {params.gpus}"
-        " --nodes {params.nodes} --stop-margin {params.stop_margin} --"
+        "voxjet launch {params.launch} --threads {threads} --"
         " train-seg --cases {params.data:q} --read {params.read:q}"
         " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"

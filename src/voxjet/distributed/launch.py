@@ -15,13 +15,16 @@ from voxjet.errors import VoxjetError
 
 
 def processes_per_node(gpus: int, cpu_processes: int = 1) -> int:
-    """GPUs asked for when CUDA sees that many, else what it sees; without CUDA,
-    `cpu_processes` processes on the gloo backend."""
-    import torch
+    """One process a GPU asked for (checked: torch must see them all), or `cpu_processes`
+    processes on the gloo backend when the job asks for no GPU."""
+    from voxjet.distributed.gpus import check_gpus
 
-    if gpus > 0 and torch.cuda.is_available():
-        return min(gpus, torch.cuda.device_count())
-    return max(1, cpu_processes)
+    return check_gpus(gpus) or max(1, cpu_processes)
+
+
+def threads_per_process(threads: int, nproc: int) -> int:
+    """The job's CPU threads shared by the processes of a node (at least one each)."""
+    return max(1, threads // max(1, nproc))
 
 
 def torchrun_argv(voxjet_args: list[str], nproc: int) -> list[str]:
@@ -89,10 +92,7 @@ def launch_argv(voxjet_args: list[str], gpus: int, nproc: int, nodes: int) -> li
         raise VoxjetError(
             f"launch --nodes {nodes}: SLURM job {job} has only {len(hosts)} node(s) {hosts}"
         )
-    import torch
-
-    per_node = gpus if gpus > 0 and torch.cuda.is_available() else 0
-    return multinode_argv(voxjet_args, nodes, nproc, hosts[0], job, per_node)
+    return multinode_argv(voxjet_args, nodes, nproc, hosts[0], job, gpus)
 
 
 def _deadline_timer(margin_s: float, stop) -> threading.Timer | None:
@@ -132,6 +132,7 @@ def run_torchrun(
     cpu_processes: int = 1,
     nodes: int = 1,
     stop_margin_s: float = 0.0,
+    threads: int | None = None,
 ) -> int:
     """Run torchrun with `voxjet ARGS` (on `nodes` nodes) and return the exit code to use.
 
@@ -141,20 +142,36 @@ def run_torchrun(
     checkpoint and stop. In a SLURM job with a time limit the same happens `stop_margin_s`
     before the limit. The launcher then exits with PREEMPTED_EXIT_CODE, so a requeue or rerun
     resumes (torchrun itself does not handle SIGUSR1: it would die without a checkpoint).
+
+    A job asking for GPUs that torch does not see fails here, before torchrun, naming what torch
+    reports; a job asking for none runs with CUDA hidden. `threads` (the job's CPU threads) is
+    shared among the processes of a node (OMP_NUM_THREADS a process).
     """
     import torch
 
     from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
+    from voxjet.distributed.gpus import DEVICE_ENV
 
     nproc = processes_per_node(gpus, cpu_processes)
     env = dict(os.environ)
-    if nodes <= 1 and gpus > 0 and torch.cuda.is_available() and "CUDA_VISIBLE_DEVICES" not in env:
+    env[DEVICE_ENV] = "cuda" if gpus > 0 else "cpu"
+    if gpus <= 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # asked for the CPU: nothing lands on a GPU
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads_per_process(threads, nproc))
+    if nodes <= 1 and gpus > 0 and "CUDA_VISIBLE_DEVICES" not in env:
         from voxjet.distributed.devices import claim_devices
 
         devices, _ = claim_devices(nproc, torch.cuda.device_count())
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         print(f"launch: using GPUs {devices}", file=sys.stderr, flush=True)
     argv = launch_argv(voxjet_args, gpus, nproc, nodes)
+    print(
+        f"launch: {nproc} process(es) a node on {env[DEVICE_ENV]}"
+        + (f", {env['OMP_NUM_THREADS']} thread(s) each" if threads is not None else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     print("launch:", " ".join(argv), file=sys.stderr, flush=True)
     # torchrun's agent would die of a SIGUSR1 sent to every process of the job step (as
     # `sbatch --signal=USR1@T` does); ignored there, it is inherited as ignored by nothing that

@@ -29,12 +29,15 @@ class Runtime:
         return self.world_size > 1
 
 
-def init_runtime(prefer_cuda: bool = True) -> Runtime:
-    """Join the process group that torchrun describes (or run alone when it describes none)."""
+def init_runtime(device: str | None = None) -> Runtime:
+    """Join the process group that torchrun describes (or run alone when it describes none),
+    on `device` ("cuda" or "cpu"; by default what `voxjet launch` decided for the job)."""
+    from voxjet.distributed.gpus import job_device
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = prefer_cuda and torch.cuda.is_available()
+    use_cuda = (device or job_device()) == "cuda"
     if use_cuda:
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from voxjet.distributed import checkpoint
+from voxjet.distributed.gpus import job_device
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.remote import ReadOptions
@@ -94,7 +95,7 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str, read: dict | None = 
     data = load_split(shard_dir, "test", opts)
     model, saved = load_trained(model_path)
     _check_compatible(saved, index, model_path, shard_dir)
-    probs = predict(model, data, torch.device("cpu"))
+    probs = predict(model, data, torch.device(job_device()))
     labels = data.labels.numpy()
     metrics = jet_metrics(probs, labels, classes)
     metrics.update(

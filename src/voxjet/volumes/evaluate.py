@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from voxjet.distributed import checkpoint
+from voxjet.distributed.gpus import job_device
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
@@ -78,7 +79,7 @@ def evaluate(
         sizes=case_sizes(cases_dir, opts),
     )
     model, saved = load_trained(model_path)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(job_device())
     model.to(device)
     n = plan["num_classes"]
     names = {int(k): v for k, v in plan["labels"].items()}

@@ -1,41 +1,61 @@
 # Two entry points for a fresh clone: `make demo` runs the whole pipeline on the built-in
-# demo data (CPU), `make test` runs the test suite. Both create .venv when it is missing.
+# demo data (CPU), `make test` runs the checks and the test suite. Both create .venv when it is
+# missing: `demo` with what a user needs, `test` with the test tools added.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.13.0
-CORES ?= 2
+CORES ?= all
 BIN := $(VENV)/bin
+RUN := PATH="$(abspath $(BIN)):$$PATH"
+PYTEST := $(RUN) $(BIN)/python -m pytest -q --strict-markers --durations=15
 
 # PyPI's Linux torch wheel is a multi-GB CUDA build. Machines without a GPU take the CPU build:
 # from a local wheel when pip already sees one (find-links), else from PyTorch's CPU index.
-# GPU machines (nvidia-smi on PATH) keep PyPI's CUDA build. Override with TORCH_INDEX=... .
+# GPU machines (nvidia-smi on PATH) keep PyPI's CUDA build. Override with TORCH_INDEX=... (a
+# login node without nvidia-smi installs the CPU build: training jobs that ask for GPUs then
+# stop before training, saying so; install with TORCH_INDEX= there).
 TORCH_INDEX ?= $(shell \
   if command -v nvidia-smi >/dev/null 2>&1; then echo ""; \
   elif $(PYTHON) -m pip install --dry-run --no-index --no-deps -q torch==$(TORCH_VERSION) >/dev/null 2>&1; then echo ""; \
   else echo "--index-url https://download.pytorch.org/whl/cpu"; fi)
 
-.PHONY: venv demo test lint dryrun clean-demo
+.PHONY: venv dev-venv demo dryrun test test-fast lint clean-demo
 
 venv: $(VENV)/.installed
+dev-venv: $(VENV)/.installed-dev
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.torch:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -e ".[dev,pythia]"
 	touch $@
 
+# a user's install: voxjet and the demo's event generator (where a wheel exists), no test tools
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -e ".[pythia]"
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
 demo: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores $(CORES)
+	$(RUN) $(BIN)/snakemake --cores $(CORES)
 
 dryrun: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -n
+	$(RUN) $(BIN)/snakemake -n
 
-test: venv
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q $(TEST_ARGS)
-
-lint: venv
+lint: dev-venv
 	$(BIN)/ruff check src tests benchmarks
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --lint
+	$(BIN)/ruff format --check src tests benchmarks
+	$(RUN) $(BIN)/snakemake --lint
+
+# the whole suite (CI: .ci/run); `make test-fast` leaves out the end-to-end runs (marker slow)
+test: lint
+	$(PYTEST) $(TEST_ARGS)
+
+test-fast: dev-venv
+	$(PYTEST) -m "not slow" $(TEST_ARGS)
 
 clean-demo:
 	rm -rf results resources logs .snakemake

@@ -75,3 +75,40 @@ def test_returning_loader_reuses_slabs_only_when_the_batch_is_let_go(hold):
         assert all(torch.equal(b["x"], torch.full((1000,), i)) for i, b in enumerate(kept))
         assert len(pointers) == 40 if hold else len(pointers) <= 2 * 6 + 2
         del kept, b
+
+
+def test_without_the_torch_internals_batches_stay_right_in_fresh_memory(monkeypatch):
+    """A torch without UntypedStorage._new_shared or the storage use count (private APIs):
+    storages are moved to shared memory after creation, and no slot is ever freed, so every
+    batch past the slots takes fresh memory — the same values, nothing overwritten."""
+    import voxjet.io.handover as handover
+
+    monkeypatch.setattr(handover, "_NEW_SHARED", None)
+    monkeypatch.setattr(handover, "_USE_COUNT", None)
+    assert handover.new_shared(64).is_shared()
+    loader = ReturningLoader(Counting(30), num_workers=2, slots=3)
+    seen, pointers = [], set()
+    for b in loader:
+        seen.append(b)
+        pointers.add(b["x"].data_ptr())
+    assert all(torch.equal(b["x"], torch.full((1000,), i)) for i, b in enumerate(seen))
+    assert len(pointers) == 30  # nothing reused while a batch could still be held
+
+
+def test_slab_pool_without_reliable_reference_counts_never_hands_a_slab_out_twice(monkeypatch):
+    import voxjet.jets.jagged as jagged
+
+    specs = {"x": ((8, 4), np.dtype(np.float32))}
+    pool = jagged.SlabPool()
+    first = pool.arrays(specs)["x"]
+    del first
+    again = pool.arrays(specs)["x"]
+    assert again.base is pool.slabs[0] or again.base.base is pool.slabs[0]  # reused when free
+    monkeypatch.setattr(jagged, "REFCOUNT_TELLS_FREE", False)
+    a = jagged.SlabPool()
+    one = a.arrays(specs)["x"]
+    one[:] = 1
+    del one
+    two = a.arrays(specs)["x"]
+    two[:] = 2
+    assert not a.slabs and np.all(two == 2)

@@ -51,14 +51,27 @@ def tensors_in(storage: torch.UntypedStorage, specs: Specs) -> dict[str, torch.T
     }
 
 
+# torch internals, each with a fallback for a torch that lacks them (tested): a storage
+# created in shared memory at once (else made, then moved there), and a storage's use count
+# (else a slot is never freed: workers take fresh memory a batch, as a plain DataLoader does)
+_NEW_SHARED = getattr(torch.UntypedStorage, "_new_shared", None)
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def new_shared(nbytes: int) -> torch.UntypedStorage:
+    """A storage of `nbytes` in shared memory."""
+    if _NEW_SHARED is not None:
+        return _NEW_SHARED(nbytes)
+    return torch.UntypedStorage(nbytes).share_memory_()
+
+
 def fresh_batch(
     specs: Specs, shared: bool = True
 ) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
     """Arrays of `specs` to fill and their tensors, in one new storage (shared memory, for a
     DataLoader worker to hand over, or plain)."""
     _, nbytes = pack_layout(specs)
-    new = torch.UntypedStorage._new_shared if shared else torch.UntypedStorage
-    tensors = tensors_in(new(nbytes), specs)
+    tensors = tensors_in(new_shared(nbytes) if shared else torch.UntypedStorage(nbytes), specs)
     return {k: t.numpy() for k, t in tensors.items()}, tensors
 
 
@@ -83,7 +96,7 @@ class SharedSlabs:
             slab = self.slabs[s]
             if state == RETIRED or slab is None or slab.nbytes() < nbytes:
                 # room for somewhat larger batches (jagged ones differ in size)
-                slab = self.slabs[s] = torch.UntypedStorage._new_shared(nbytes + nbytes // 4)
+                slab = self.slabs[s] = new_shared(nbytes + nbytes // 4)
                 self.sent[s] = False
             self.states[s] = OUT
             tensors = tensors_in(slab, specs)
@@ -93,9 +106,6 @@ class SharedSlabs:
             self.sent[s] = True
             return arrays, {**tensors, SLOT: self.first + s}
         return fresh_batch(specs)
-
-
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _unused(storage: torch.UntypedStorage) -> bool:

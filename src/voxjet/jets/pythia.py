@@ -59,15 +59,29 @@ RESONANCE = {"Tbqq": 6, "Wqq": 24, "Zqq": 23, "Hbb": 25}
 D0_ERR, DZ_ERR = 0.02, 0.05  # mm, nominal
 
 
-def _require():
+MISSING = (
+    "the pythia generator needs the optional packages pythia8mc and fastjet: pip install "
+    "'voxjet[pythia]' (pythia8mc has binary wheels for Linux x86_64 and CPython 3.10-3.13 only)"
+)
+
+
+def missing() -> str | None:
+    """Why the generator cannot run here (None when it can)."""
     try:
-        import fastjet
-        import pythia8mc
+        import fastjet  # noqa: F401
+        import pythia8mc  # noqa: F401
     except ImportError as e:
-        raise VoxjetError(
-            "the pythia generator needs the optional packages pythia8mc and fastjet: "
-            "pip install 'voxjet[pythia]' (or use generator: toy)"
-        ) from e
+        return f"{MISSING} ({e})"
+    return None
+
+
+def _require():
+    why = missing()
+    if why:
+        raise VoxjetError(f"{why}; or use generator: toy")
+    import fastjet
+    import pythia8mc
+
     return pythia8mc, fastjet
 
 

@@ -13,8 +13,27 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 BIN = Path(sys.executable).parent
+
+
+def hep_file(name: str) -> Path:
+    """A real ROOT file that scikit-hep-testdata ships (the `test` extra): uproot's HZZ sample,
+    a NanoAOD Drell-Yan skim, ... Read from the installed package, nothing downloaded."""
+    import skhep_testdata
+
+    path = Path(skhep_testdata.data_path(name))
+    assert path.is_file(), f"{name}: not in the installed scikit-hep-testdata"
+    return path
+
+
+def mni_file(kind: str) -> Path:
+    """The MNI ICBM152 2009a template that nilearn ships (t1, gm or wm), 1 mm, 197×233×189."""
+    from importlib.metadata import distribution
+
+    rel = f"nilearn/datasets/data/mni_icbm152_{kind}_tal_nlin_sym_09a_converted.nii.gz"
+    path = Path(distribution("nilearn").locate_file(rel))
+    assert path.is_file(), f"{rel}: not in the installed nilearn"
+    return path
 
 
 def snakemake_env() -> dict[str, str]:
@@ -30,8 +49,9 @@ def workflow_dir(tmp_path: Path) -> Path:
     """The workflow's files (no data, no results) copied into a fresh folder."""
     dest = tmp_path / "wf"
     dest.mkdir()
-    shutil.copy(REPO / "Snakefile", dest / "Snakefile")
-    for sub in ("workflow", "config", "envs"):
+    for name in ("Snakefile", "pyproject.toml"):
+        shutil.copy(REPO / name, dest / name)
+    for sub in ("workflow", "config", "envs", "profiles"):
         shutil.copytree(REPO / sub, dest / sub)
     return dest
 

@@ -1,0 +1,126 @@
+"""What installing voxjet brings and refuses: no test tools in a user install, Python < 3.11
+refused by pip from the metadata, and the conda env that `--sdm conda` deploys."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import yaml
+from conftest import REPO, run_snakemake, snakemake_env
+from packaging.requirements import Requirement
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+BASE = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+TEST_TOOLS = {"pytest", "ruff", "moto", "flask", "docker", "cfn-lint", "scikit-hep-testdata",
+              "nilearn", "pythia8mc", "fastjet", "s3fs", "setuptools-scm"}  # fmt: skip
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(names: list[str]) -> set[str]:
+    """Every distribution these requirements pull in, from the installed packages' metadata."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if _key(name) in seen:
+            continue
+        seen.add(_key(name))
+        try:
+            requires = distribution(name).requires or []
+        except PackageNotFoundError:
+            continue
+        for r in map(Requirement, requires):
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(r.name)
+    return seen
+
+
+def test_a_user_install_pulls_no_test_tools_and_no_pythia():
+    pulled = _closure([r.name for r in BASE])
+    assert {"torch", "snakemake", "uproot", "monai"} <= pulled
+    assert not pulled & TEST_TOOLS, pulled & TEST_TOOLS
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert {_key(Requirement(r).name) for r in extras["remote"]} >= {"s3fs", "fsspec-xrootd"}
+    # pythia8mc has wheels for Linux x86_64 / CPython < 3.14 only: elsewhere the extra is empty
+    for r in map(Requirement, extras["pythia"]):
+        assert not r.marker.evaluate({"platform_machine": "aarch64", "extra": ""})
+        assert not r.marker.evaluate({"python_version": "3.14", "extra": ""})
+
+
+def test_python_3_10_gets_pips_refusal_from_the_metadata(tmp_path):
+    """pip refuses the package for Python 3.10 on the metadata alone (Requires-Python), before
+    resolving any dependency."""
+    assert PYPROJECT["project"]["requires-python"] == ">=3.11"
+    pip = [sys.executable, "-m", "pip"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("voxjet-*.whl")
+    r = subprocess.run(
+        [*pip, "install", "--dry-run", "--no-deps", "--no-index", "--python-version", "3.10",
+         "--only-binary=:all:", "--target", str(tmp_path / "t"), str(wheel)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert r.returncode != 0
+    assert "requires a different Python" in r.stderr and ">=3.11" in r.stderr, r.stderr
+
+
+CONDA_NAMES = {
+    "torch": "pytorch",
+    "matplotlib": "matplotlib-base",
+    "snakemake": "snakemake-minimal",
+}
+FAKE_CONDA = """#!/usr/bin/env python3
+import json, sys
+a = sys.argv[1:]
+if a[:2] == ["info", "--json"]:
+    print(json.dumps({"conda_version": "24.7.1", "conda_prefix": "/opt/conda",
+                      "envs_dirs": ["/opt/conda/envs"], "pkgs_dirs": ["/opt/conda/pkgs"],
+                      "platform": "linux-64"}))
+elif a[:1] == ["--version"]:
+    print("conda 24.7.1")
+elif a[:2] == ["config", "--get"]:
+    print(json.dumps({"get": {"channel_priority": "strict"}}))
+else:
+    sys.exit("fake conda: " + " ".join(a) + " is not faked")
+"""
+
+
+def test_sdm_conda_env_installs_voxjet_from_the_workflow_folder(workflow_dir, tmp_path):
+    """The env file Snakemake deploys under `--sdm conda` (listed by Snakemake itself with a
+    stand-in `conda` that answers its checks: conda cannot run here) installs voxjet from the
+    workflow's folder, and conda provides every dependency, so pip adds none."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "conda").write_text(FAKE_CONDA)
+    (fake / "conda").chmod(0o755)
+    env = snakemake_env()
+    env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
+    r = run_snakemake(workflow_dir, "--list-conda-envs", "--sdm", "conda", env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = [line.split("\t") for line in r.stdout.splitlines() if "voxjet-" in line]
+    rendered = yaml.safe_load((workflow_dir / row[0]).read_text())
+    pip = next(d["pip"] for d in rendered["dependencies"] if isinstance(d, dict))
+    (local,) = [p for p in pip if p.startswith("-e ")]
+    assert Path(local[3:]) == workflow_dir.resolve()
+    assert (
+        tomllib.loads((workflow_dir / "pyproject.toml").read_text())["project"]["name"] == "voxjet"
+    )
+    conda = {re.split(r"[<>=! ]", d)[0] for d in rendered["dependencies"] if isinstance(d, str)}
+    missing = {r.name for r in BASE if CONDA_NAMES.get(r.name, r.name) not in conda}
+    assert not missing, f"envs/voxjet.yaml lacks {missing}"
+    # the template itself stays usable as it is (conda env create -f envs/voxjet.yaml)
+    assert "- -e .." in (REPO / "envs" / "voxjet.yaml").read_text()

@@ -1,5 +1,5 @@
-"""The jets data config: the expression language, label forms, the real ROOT files in
-../shared/data/root (other tree names, naming and compressions), and every bad input."""
+"""The jets data config: the expression language, label forms, real ROOT files that
+scikit-hep-testdata ships (other tree names, naming and compressions), and every bad input."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 import torch
 import uproot
-from conftest import SHARED_DATA
+from conftest import hep_file
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.expressions import Expression, Variables
 from voxjet.jets.shard import JetDataConfig, jet_labels, shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
-
-ROOT_FILES = SHARED_DATA / "root"
 
 
 def test_expressions_compute_over_jagged_and_flat_columns():
@@ -96,38 +94,44 @@ HZZ = dict(
 )
 
 
-@pytest.mark.skipif(not ROOT_FILES.is_dir(), reason="../shared/data/root not present")
 def test_real_root_files_stage_and_shard(tmp_path):
     """uproot's HZZ sample in zlib, lz4 and lzma (tree `events`, `Jet_Px` naming, a counter
-    branch), with the config adapted through new_variables; and CMS NanoAOD (tree `Events`,
-    `Jet_pt` naming) labelled by an integer branch."""
-    m = stage(str(ROOT_FILES), tmp_path / "staged", tmp_path / "m.json", patterns=["uproot-HZZ-*"])
+    branch), with the config adapted through new_variables; and a CMS NanoAOD Drell-Yan skim
+    (`Jet_pt` naming, unsigned counters) labelled by an integer branch."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for c in ("zlib", "lz4", "lzma"):
+        shutil.copy(hep_file(f"uproot-HZZ-{c}.root"), raw)
+    m = stage(str(raw), tmp_path / "staged", tmp_path / "m.json", patterns=["uproot-HZZ-*"])
     assert [list(f["checksum"]) for f in m["files"]] == [["adler32"]] * 3
     index = shard_jets(tmp_path / "m.json", tmp_path / "hzz", JetDataConfig(**HZZ))
     counts = {c: sum(index["splits"][s]["class_counts"][c] for s in index["splits"]) for c in
               ("zlib", "lz4", "lzma")}  # fmt: skip
     # the same events in three compressions: identical counts after the same selection
-    n_sel = int(
-        np.sum(uproot.open(ROOT_FILES / "uproot-HZZ-zlib.root")["events"]["NJet"].array() >= 1)
-    )
+    n_sel = int(np.sum(uproot.open(raw / "uproot-HZZ-zlib.root")["events"]["NJet"].array() >= 1))
     assert counts == {"zlib": n_sel, "lz4": n_sel, "lzma": n_sel}
     assert len(index["particle_mean"]) == 4 and np.isfinite(index["particle_std"]).all()
 
-    stage(str(ROOT_FILES), tmp_path / "nano", tmp_path / "n.json", patterns=["nanoAOD*"])
+    nano_file = hep_file("uproot-small-dy-withoffsets.root")
+    (tmp_path / "nano_raw").mkdir()
+    shutil.copy(nano_file, tmp_path / "nano_raw")
+    stage(str(tmp_path / "nano_raw"), tmp_path / "nano", tmp_path / "n.json", patterns=["*"])
     nano = JetDataConfig(
-        tree="Events",
-        new_variables={"part_pt_log": "log(Jet_pt)", "part_mass_log": "log(Jet_mass)"},
-        particle_features=["part_pt_log", "Jet_eta", "Jet_phi", "part_mass_log", "Jet_btagDeepB"],
-        jet_features=["MET_pt", "nJet"],
+        tree="tree",
+        new_variables={"part_pt_log": "log(Jet_pt)", "met_log": "log(MET_pt)"},
+        particle_features=["part_pt_log", "Jet_jetId"],
+        jet_features=["met_log", "nJet"],
         sort_by="Jet_pt",
+        selection="nJet >= 1",
         labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
         max_particles=10,
         val_fraction=0.2,
         test_fraction=0.2,
     )
     index = shard_jets(tmp_path / "n.json", tmp_path / "nano_shards", nano)
-    n_mu = uproot.open(ROOT_FILES / "nanoAOD_2015_CMS_Open_Data_ttbar.root")["Events"]["nMuon"]
-    want = np.bincount(np.minimum(n_mu.array(library="np"), 3), minlength=4)[:3]
+    t = uproot.open(nano_file)["tree"]
+    n_mu, n_jet = t["nMuon"].array(library="np"), t["nJet"].array(library="np")
+    want = np.bincount(np.minimum(n_mu[n_jet >= 1], 3), minlength=4)[:3]
     got = [sum(index["splits"][s]["class_counts"][c] for s in index["splits"]) for c in
            ("0mu", "1mu", "2mu")]  # fmt: skip
     assert got == want.tolist()

@@ -10,7 +10,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import mni_file
 
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
@@ -249,7 +249,6 @@ def test_seg_metrics_dice_and_hd95():
     assert m[1]["dice"] == pytest.approx(0.8) and m[1]["hd95"] == pytest.approx(4.0)
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "nifti").is_dir(), reason="shared/data not present")
 def test_preprocess_real_mni_template(tmp_path):
     """The MNI152 template (real data): T1 and its brain as the label, in the MSD layout."""
     root = _mni_brain_dataset(tmp_path / "mni")
@@ -511,13 +510,10 @@ def _mni_brain_dataset(root: Path) -> Path:
     """The MNI152 template at 3 mm with its brain (grey + white matter probability > 0.5) as
     the label: four cases that differ by intensity scale, a left-right mirror and axis order
     (one is not RAS), in the MSD layout."""
-    d = SHARED_DATA / "nifti"
-    t1_img = nib.load(d / "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz")
+    t1_img = nib.load(mni_file("t1"))
     t1 = np.asarray(t1_img.dataobj, np.float32)[::3, ::3, ::3]
     brain = sum(
-        np.asarray(
-            nib.load(d / f"mni_icbm152_{t}_tal_nlin_sym_09a_converted.nii.gz").dataobj
-        ).astype(np.float32)[::3, ::3, ::3]
+        np.asarray(nib.load(mni_file(t)).dataobj).astype(np.float32)[::3, ::3, ::3]
         for t in ("gm", "wm")
     )
     label = (brain > 127).astype(np.uint8)
@@ -551,7 +547,6 @@ def _mni_brain_dataset(root: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED_DATA / "nifti").is_dir(), reason="MNI template not present")
 def test_short_run_segments_the_mni_brain(tmp_path):
     """Real data: a short U-Net run segments the MNI152 brain with test Dice ≥ 0.9, and the
     prediction, written back as NIfTI, lies on the original (non-RAS) image grid."""

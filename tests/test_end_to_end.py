@@ -1,15 +1,17 @@
-"""The whole demo DAG through the real `snakemake` CLI, on a shrunken copy of the demo config:
-every rule runs, the summary has a row for each run of both domains, a rerun does nothing,
-and `-R rule --until rule` reruns one stage alone."""
+"""The whole demo DAG through the real `snakemake` CLI, on a shrunken copy of the demo config,
+with README's command lines as written: every rule runs, the summary has a row for each run of
+both domains, a rerun does nothing, and the rerun commands rerun one stage alone."""
 
 from __future__ import annotations
 
 import csv
 import json
+import subprocess
 
 import pytest
 import yaml
-from conftest import job_counts, run_snakemake, write_config
+from conftest import job_counts, merge_config, run_snakemake, snakemake_env, write_config
+from readme import README
 
 TINY = {
     "datasets": {
@@ -36,9 +38,17 @@ TINY = {
 
 
 @pytest.mark.slow
-def test_demo_pipeline_end_to_end(workflow_dir):
-    tiny = write_config(workflow_dir / "tiny.yaml", TINY)
-    r = run_snakemake(workflow_dir, "--cores", "2", "--configfile", str(tiny))
+def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
+    # README's "your own config" is the demo shrunk: as my_config.yaml (the README's name) and
+    # as the workflow's config (what the commands without --configfile read)
+    mine = merge_config(demo_config, TINY)
+    write_config(workflow_dir / "my_config.yaml", mine)
+    write_config(workflow_dir / "config" / "config.yaml", mine)
+    tiny = workflow_dir / "my_config.yaml"
+    dry = run_snakemake(workflow_dir, *README["dry-run"][1:])
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    assert job_counts(dry.stdout)["train_jets"] == 4
+    r = run_snakemake(workflow_dir, *README["run"][1:])  # no --cores: the default profile's
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
     for run in (
@@ -72,12 +82,23 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
-    report = run_snakemake(workflow_dir, "--report", "report.html", "--configfile", str(tiny))
-    assert report.returncode == 0, report.stderr[-3000:]
-    assert "summary.md" in (workflow_dir / "report.html").read_text(errors="ignore")
+    html = workflow_dir / "results" / "report.html"
+    for command in (README["report-mine"], README["report"]):
+        html.unlink(missing_ok=True)
+        report = run_snakemake(workflow_dir, *command[1:])
+        assert report.returncode == 0, report.stderr[-3000:]
+        assert "summary.md" in html.read_text(errors="ignore")
 
     again = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     assert "Nothing to be done" in again.stdout + again.stderr
+    # README's other plain runs: nothing left to do
+    for command in (README["keep-going"], README["gpu-resources"]):
+        done = run_snakemake(workflow_dir, *command[1:])
+        assert done.returncode == 0 and "Nothing to be done" in _out(done), _out(done)[-2000:]
+    agg = subprocess.run(README["aggregate"], cwd=workflow_dir, env=snakemake_env(),
+                         capture_output=True, text=True)  # fmt: skip
+    assert agg.returncode == 0, agg.stderr[-2000:]
+    assert "| pfn_lr-0.003" in (workflow_dir / "results" / "summary" / "summary.md").read_text()
 
     # a change of a training setting reruns that experiment's runs, not the data stages
     cfg = yaml.safe_load(tiny.read_text())
@@ -144,20 +165,19 @@ def test_demo_pipeline_end_to_end(workflow_dir):
     assert json.loads((workflow_dir / targets[1]).read_text())["n_cases"] >= 1
     assert not (results / "far_jets" / "shards").exists()
 
-    # -R shard_jets --until shard_jets: the shards alone
-    rerun = run_snakemake(
-        workflow_dir,
-        "--cores",
-        "2",
-        "--configfile",
-        str(tiny),
-        "-R",
-        "shard_jets",
-        "--until",
-        "shard_jets",
-    )
+    # README's rerun commands: the shards and their index alone; re-staging, which copies
+    # nothing already verified; retraining (a dry run: the runs, their evaluation, the summary)
+    rerun = run_snakemake(workflow_dir, *README["rerun-shards"][1:])
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert set(job_counts(_out(rerun))) - {"all"} == {"shard_jets"}
+    assert set(job_counts(_out(rerun))) - {"all"} == {"shard_jets", "index_jets"}
+    restage = run_snakemake(workflow_dir, *README["restage"][1:])
+    assert restage.returncode == 0, restage.stderr[-3000:]
+    assert set(job_counts(_out(restage))) - {"all"} == {"stage"}
+    retrain = run_snakemake(workflow_dir, *README["rerun-train"][1:], "-n")
+    assert retrain.returncode == 0, retrain.stderr[-3000:]
+    jobs = job_counts(_out(retrain))
+    assert jobs["train_jets"] == 4 and {"evaluate_jets", "aggregate"} <= set(jobs)
+    assert "train_seg" not in jobs
 
 
 def _out(result) -> str:

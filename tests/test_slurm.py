@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, run_snakemake, write_config
+from conftest import BIN, merge_config, run_snakemake, write_config
 from fake_slurm import calls, options
+from readme import README
 
 from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
 from voxjet.distributed.launch import RDZV_PORT
@@ -137,7 +138,7 @@ TINY = {
             "dataset": "toy_jets",
             "model": {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]},
             "train": {"steps": 40, "eval_every": 20, "batch_size": 64},
-            "launch": {"gpus": 2, "nodes": 2, "threads": 1, "runtime": 45, "mem_mb": 6000},
+            "launch": {"gpus": 0, "nodes": 2, "threads": 1, "runtime": 45, "mem_mb": 6000},
         },
         "unet": {
             "model": {"channels": [8, 16, 32]},
@@ -151,19 +152,20 @@ DROPPED = ("particlenet", "part")
 SPEEDY = ["--slurm-init-seconds-before-status-checks=1", "--jobs=2", "--retries=1"]
 
 
+def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The environment with a global Snakemake profile that polls the fake SLURM every second
+    (the README's command line then runs as written, with the workflow profile beside it)."""
+    prof = tmp_path / "speedy-profile"
+    prof.mkdir()
+    (prof / "config.yaml").write_text("slurm-init-seconds-before-status-checks: 1\njobs: 2\n")
+    return {**env, "SNAKEMAKE_PROFILE": str(prof)}
+
+
 @pytest.mark.slow
-def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm):
+def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp_path):
     env, state = fake_slurm
-    cfg = yaml_config(workflow_dir)
-    r = run_snakemake(
-        workflow_dir,
-        "--workflow-profile",
-        "workflow/profiles/slurm",
-        "--configfile",
-        str(cfg),
-        *SPEEDY,
-        env=env,
-    )
+    yaml_config(workflow_dir)
+    r = run_snakemake(workflow_dir, *README["slurm-run"], env=speedy(env, tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     submitted = {}
     for argv in calls(state, "sbatch"):
@@ -174,23 +176,24 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm):
     for rule, jobs in submitted.items():
         for opts in jobs:
             assert opts["--account"] == "my_account" and "--time" in opts and "--mem" in opts
-            if rule in {"rule_train_jets", "rule_train_seg", "rule_evaluate_seg"}:
-                assert opts["--partition"] == "gpu" and opts["--cpus-per-gpu"] == "8"
-                assert "--cpus-per-task" not in opts
-            else:
-                assert opts["--partition"] == "cpu" and "--gpus" not in opts
-                assert "--cpus-per-task" in opts
+            # the demo asks for the CPU: no GPU anywhere (GPU requests: the test below)
+            assert "--gpus" not in opts and "--cpus-per-task" in opts
+            train = rule in {"rule_train_jets", "rule_train_seg"}
+            assert opts["--partition"] == ("gpu" if train else "cpu")
     train = {o["--comment"].split("toy_jets_")[-1]: o for o in submitted["rule_train_jets"]}
     one, two = train["pfn"], train["pfn-2node"]
-    assert (one["--gpus"], one["--time"], one["--mem"]) == ("a100:1", "30", "3000")
-    assert one["--nodes"] == "1" and "--ntasks" not in one
-    assert (two["--gpus"], two["--nodes"], two["--ntasks"]) == ("a100:4", "2", "2")
-    assert (two["--time"], two["--mem"]) == ("45", "6000")
+    assert (one["--time"], one["--mem"], one["--nodes"]) == ("30", "3000", "1")
+    assert "--ntasks" not in one
+    assert (two["--nodes"], two["--ntasks"], two["--time"], two["--mem"]) == (
+        "2",
+        "2",
+        "45",
+        "6000",
+    )
     # the 5 per-case preprocessing jobs went as one grouped submission, not 5
     assert "rule_preprocess_case" not in submitted
     (group,) = [o for o in sum(submitted.values(), []) if "group_preprocess" in o["--output"]]
-    seg = submitted["rule_train_seg"][0]
-    assert seg["--gpus"] == "a100:1" and seg["--partition"] == "gpu"
+    assert submitted["rule_train_seg"][0]["--partition"] == "gpu"
     # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun
     multi = [a for a in calls(state, "srun") if any("--nnodes=2" in x for x in a)]
     assert len(multi) == 1 and options(multi[0])["--nodes"] == "2"
@@ -198,13 +201,52 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm):
     assert torch.load(runs / "pfn-2node" / "model.pt", weights_only=True)["world_size"] == 2
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
     assert "| pfn-2node" in summary and "| unet" in summary
+    # the profile's efficiency report, from sacct, at the end
+    assert list(workflow_dir.glob("efficiency_report_*.csv"))
+    q = subprocess.run(README["squeue"], cwd=workflow_dir, env=env, capture_output=True, text=True)
+    assert q.returncode == 0 and ["--me"] in calls(state, "squeue")
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def test_gpu_jobs_ask_slurm_for_gpus_and_stop_before_training_without_them(
+    workflow_dir, fake_slurm, shards, tmp_path
+):
+    """What a GPU run submits (`--gpus=<model>:<n>`, nodes and tasks), and, on a node where torch
+    sees no GPU, the job's stop before training with the reason on the console."""
+    env, state = fake_slurm
+    exp = {"dataset": "prepared", "model": MODEL, "train": {"steps": 4, "eval_every": 2}}
+    cfg = {
+        "datasets": {"prepared": {"domain": "jets", "source": {"prepared": str(shards)}}},
+        "experiments": {
+            "one": {**exp, "launch": {"gpus": 1, "threads": 1, "runtime": 30, "mem_mb": 3000}},
+            "two": {**exp, "launch": {"gpus": 2, "nodes": 2, "runtime": 45, "mem_mb": 6000}},
+        },
+    }
+    path = write_config(tmp_path / "gpu.yaml", cfg)
+    targets = [f"results/prepared/runs/{r}/model.pt" for r in ("one", "two")]
+    r = run_snakemake(
+        workflow_dir,
+        "--workflow-profile",
+        "workflow/profiles/slurm",
+        "--configfile",
+        str(path),
+        "--replace-workflow-config",
+        "--keep-going",
+        "--retries=0",
+        *targets,
+        env=speedy(env, tmp_path),
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    train = {
+        options(a)["--comment"].split("prepared_")[-1]: options(a) for a in calls(state, "sbatch")
+    }
+    one, two = train["one"], train["two"]
+    assert (one["--gpus"], one["--partition"], one["--cpus-per-gpu"]) == ("a100:1", "gpu", "8")
+    assert (one["--time"], one["--mem"], one["--nodes"]) == ("30", "3000", "1")
+    assert (two["--gpus"], two["--nodes"], two["--ntasks"]) == ("a100:4", "2", "2")
+    assert "--cpus-per-task" not in one and "--cpus-per-task" not in two
+    assert out.count("GPU(s) asked for, but this torch") >= 2, out[-4000:]
+    assert not list((workflow_dir / "results").rglob("last.pt"))
 
 
 def yaml_config(workflow_dir: Path) -> Path:
@@ -217,7 +259,7 @@ def yaml_config(workflow_dir: Path) -> Path:
     for name in DROPPED:
         demo["experiments"].pop(name)
     demo["experiments"]["pfn"].pop("sweep")
-    write_config(path, _merge(demo, TINY))
+    write_config(path, merge_config(demo, TINY))
     return path
 
 
@@ -234,7 +276,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     path = workflow_dir / "config" / "config.yaml"
     demo = yaml.safe_load(path.read_text())
     demo["datasets"] = {
-        "toy_jets": _merge(demo["datasets"]["toy_jets"], TINY["datasets"]["toy_jets"])
+        "toy_jets": merge_config(demo["datasets"]["toy_jets"], TINY["datasets"]["toy_jets"])
     }
     exp = {
         "dataset": "toy_jets",

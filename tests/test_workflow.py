@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import yaml
 from conftest import REPO, job_counts, run_snakemake, write_config
+from readme import README
 
 # One preprocess_case job a case joins once plan_volumes (a checkpoint) has read dataset.json.
 DEMO_JOBS = {
@@ -31,6 +32,9 @@ def test_dry_run_lists_every_demo_job(workflow_dir):
 
 
 def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp_path):
+    r = run_snakemake(workflow_dir, *README["slurm-dry-run"][1:])  # as README shows it
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert job_counts(r.stdout) == DEMO_JOBS
     over = write_config(tmp_path / "gpus.yaml", {"experiments": {"pfn": {"launch": {"gpus": 2}}}})
     r = run_snakemake(
         workflow_dir,

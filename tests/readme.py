@@ -1,0 +1,52 @@
+"""The command lines README.md shows, for the tests that run them as written. Every command in
+README's code blocks (and every inline `snakemake ...`/`voxjet ...` command) must be one of
+COMMANDS, and every entry of COMMANDS is run by a test (tests/test_readme.py checks both)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+README_PATH = Path(__file__).resolve().parents[1] / "README.md"
+
+COMMANDS = {
+    "dry-run": "snakemake -n --configfile my_config.yaml --replace-workflow-config",
+    "run": "snakemake --configfile my_config.yaml --replace-workflow-config",
+    "report-mine": (
+        "snakemake --report results/report.html --configfile my_config.yaml "
+        "--replace-workflow-config"
+    ),
+    "report": "snakemake --report results/report.html",
+    "slurm-dry-run": "snakemake -n --workflow-profile workflow/profiles/slurm",
+    "slurm-run": "snakemake --workflow-profile workflow/profiles/slurm",
+    "squeue": "squeue --me",
+    "keep-going": "snakemake --keep-going",
+    "gpu-resources": "snakemake --resources gpu=4",
+    "rerun-shards": "snakemake -R shard_jets --until index_jets",
+    "rerun-train": "snakemake -R train_jets",
+    "restage": "snakemake --forcerun stage --until stage",
+    "aggregate": "voxjet aggregate --from-config config/config.yaml --out results/summary",
+}
+# run by make itself (CI runs `make test`; the others are Makefile targets checked by test_readme)
+MAKE = {"make demo", "make test", "make dev-venv", "make lint", "make test-fast"}
+SHELL = {"source .venv/bin/activate"}
+
+README = {k: shlex.split(v) for k, v in COMMANDS.items()}
+
+
+def readme_commands(text: str | None = None) -> set[str]:
+    """Every command line README shows: lines of its bash blocks (comments dropped) and inline
+    code spans that start with `snakemake ` or `voxjet ` (without a <placeholder>)."""
+    text = README_PATH.read_text() if text is None else text
+    found: set[str] = set()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.split(" #")[0].strip()
+            if line:
+                found.add(" ".join(shlex.split(line)))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        if span.startswith(("snakemake ", "voxjet ")) and "<" not in span:
+            found.add(" ".join(shlex.split(span)))
+    return found

@@ -20,11 +20,14 @@ jets' ratio 1 near 0.6 whatever the loader does; that ratio is printed too, with
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import voxjet.io.latency  # noqa: F401  (registers latency://)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import latency_fs  # noqa: F401, E402  (the tests' latency:// filesystem)
+
 from voxjet.io.fetch import FetchConfig
 from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.stream import JetStream

@@ -27,7 +27,8 @@ import torch
 import uproot
 
 from voxjet.io.handover import ReturningLoader
-from voxjet.jets.features import branches_needed, compute_features, pad_jagged, variables
+from voxjet.jets.features import branches_needed, compute_features, variables
+from voxjet.jets.jagged import pad_particles
 from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.stream import JetStream
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
@@ -60,12 +61,11 @@ class WeaverStyle(torch.utils.data.IterableDataset):
                 self.cfg.sort_by,
             )
             # what a loader without a conversion step hands the model: padded, with a mask
-            counts, length = out["counts"], self.cfg.max_particles
-            yield {
-                "particles": torch.from_numpy(pad_jagged(out["particles"], counts, length)),
-                "mask": torch.from_numpy(np.arange(length)[None, :] < counts[:, None]),
-                "jets": torch.from_numpy(out["jets"]),
-            }
+            counts = torch.from_numpy(np.asarray(out["counts"], np.int64))
+            particles, mask = pad_particles(
+                torch.from_numpy(out["particles"]), counts, self.cfg.max_particles
+            )
+            yield {"particles": particles, "mask": mask, "jets": torch.from_numpy(out["jets"])}
 
 
 def _rate(make_iter, repeats: int = 2) -> float:

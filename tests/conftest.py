@@ -37,9 +37,13 @@ def mni_file(kind: str) -> Path:
 
 
 def snakemake_env() -> dict[str, str]:
-    """The environment the rules need: this venv's voxjet, torchrun and snakemake first."""
+    """The environment the rules need: this venv's voxjet, torchrun and snakemake first, and
+    the tests' latency:// filesystem registered in every process (tests/site)."""
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    tests = Path(__file__).resolve().parent
+    paths = [str(tests / "site"), str(tests), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -79,6 +83,17 @@ def job_counts(output: str) -> dict[str, int]:
         for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
         if m.group(1) != "total"
     }
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """`over` merged into `base` key by key (mappings recursively), as Snakemake merges
+    --configfile into the workflow's config."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = (
+            merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
+    return out
 
 
 def write_config(path: Path, config: dict) -> Path:

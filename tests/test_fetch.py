@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from latency_fs import LatencyFileSystem
 
 from voxjet.io.fetch import FetchConfig, Fetcher, FetchError
-from voxjet.io.latency import LatencyFileSystem
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ import numpy as np
 import torch
 
 from voxjet.jets.dataset import JetArrays
-from voxjet.jets.features import pad_jagged
 from voxjet.jets.jagged import (
     JaggedBuffer,
     SlabPool,
     offsets_of,
     pad_particles,
+    pad_rows,
     ragged_arange,
     take_from_chunks,
     take_rows,
@@ -101,13 +101,20 @@ def test_slab_pool_reuses_a_slab_only_once_no_view_of_it_is_alive():
     assert third["x"].shape == (100, 3) and third["m"].dtype == bool and (second["x"] == 2).all()
 
 
-def test_pad_particles_matches_numpy_padding():
+def test_device_and_worker_padding_give_the_same_arrays():
     c = _chunk(np.random.default_rng(2), 12, 1)
     counts = np.diff(c["offsets"])
     padded, mask = pad_particles(torch.from_numpy(c["particles"]), torch.from_numpy(counts), 6)
-    np.testing.assert_array_equal(padded.numpy(), pad_jagged(c["particles"], counts, 6))
     assert mask.sum(1).tolist() == counts.tolist()
     assert not padded[~mask].any()
+    # the worker's gather, for a selection of rows, from a buffer with a zero row at its end
+    flat = np.concatenate([c["particles"], np.zeros_like(c["particles"][:1])])
+    rows = np.array([3, 0, 11, 3])
+    out = np.full((4, 6, flat.shape[1]), np.nan, np.float32)
+    m, idx = np.empty((4, 6), bool), np.empty((4, 6), np.int64)
+    pad_rows(flat, c["offsets"], rows, len(flat) - 1, out, m, idx)
+    np.testing.assert_array_equal(out, padded.numpy()[rows])
+    np.testing.assert_array_equal(m, mask.numpy()[rows])
 
 
 def test_jet_arrays_take_pads_any_selection():

@@ -359,7 +359,8 @@ def test_stream_reads_shards_from_a_slow_remote_url_with_the_same_batches(many_s
     """Shards behind 20 ms a request (the latency filesystem): the stream fetches them in
     concurrent ranges, files ahead, and yields exactly the local stream's batches; a read
     that keeps failing stops it naming the URL and bytes."""
-    import voxjet.io.latency  # noqa: F401  (also registered as an fsspec entry point)
+    import latency_fs  # noqa: F401  (registers latency://)
+
     from voxjet.io.fetch import FetchConfig, FetchError
     from voxjet.jets.stream import JetStream
 

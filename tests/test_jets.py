@@ -10,7 +10,7 @@ import torch
 import uproot
 
 from voxjet.errors import VoxjetError
-from voxjet.jets.features import compute_features, labels_from_onehot, pad_jagged, variables
+from voxjet.jets.features import compute_features, labels_from_onehot, variables
 from voxjet.jets.metrics import jet_metrics, rejection_at, roc_auc, roc_curve
 from voxjet.jets.models import PFN
 from voxjet.jets.schema import JET_BRANCHES, LABEL_BRANCHES, PARTICLE_BRANCHES
@@ -68,12 +68,6 @@ def test_toy_jets_have_the_physics_they_claim(toy_root):
 def test_unknown_toy_class_is_refused(tmp_path):
     with pytest.raises(VoxjetError, match="unknown classes"):
         generate_dataset(tmp_path, ToyJetsConfig(classes=["QCD", "Graviton"]), progress=False)
-
-
-def test_pad_jagged_pads_and_clips():
-    content = np.arange(6, dtype=np.float32)[:, None]
-    out = pad_jagged(content, np.array([1, 0, 5]), 3)
-    assert out[:, :, 0].tolist() == [[0, 0, 0], [0, 0, 0], [1, 2, 3]]
 
 
 def test_features_sorted_by_pt_with_mask():

@@ -14,6 +14,7 @@ from conftest import mni_file
 
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
+from voxjet.volumes.geometry import plan_shape, zoom_to
 from voxjet.volumes.inference import seg_metrics
 from voxjet.volumes.msd import load_dataset
 from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes, read_patch
@@ -21,7 +22,6 @@ from voxjet.volumes.preprocess import (
     VolumePrepConfig,
     make_plan,
     preprocess_dataset,
-    resample,
     target_spacing,
 )
 from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
@@ -48,7 +48,9 @@ def cases(toy_msd, tmp_path_factory):
 
 
 def test_memory_estimate_matches_a_measured_peak_on_cpu():
-    from voxjet.volumes.memory import estimate_bytes, measure_peak_bytes
+    from memory_probe import measure_peak_bytes
+
+    from voxjet.volumes.memory import estimate_bytes
 
     # a configuration the constants were not fitted on
     patch, channels = [72, 72, 32], [24, 48, 96]
@@ -172,7 +174,8 @@ def test_plan_patch_fits_median_case_and_network():
 
 def test_resample_shapes():
     a = np.zeros((10, 10, 4), np.float32)
-    assert resample(a, np.array([1, 1, 3.0]), np.array([1, 1, 1.5]), 1).shape == (10, 10, 8)
+    shape = plan_shape(a.shape, np.array([1, 1, 3.0]), np.array([1, 1, 1.5]))
+    assert zoom_to(a, shape, 1).shape == (10, 10, 8)
 
 
 def test_preprocessed_cases_keep_geometry_and_foreground(cases, toy_msd):
@@ -582,7 +585,8 @@ def test_short_run_segments_the_mni_brain(tmp_path):
 def test_patches_from_case_files_behind_a_slow_url_equal_the_local_ones(cases):
     """Case files behind 10 ms a request (latency://): fetched in concurrent ranges, the
     sampler draws exactly the local batches; a file that keeps failing names URL and bytes."""
-    import voxjet.io.latency  # noqa: F401  (registers latency://)
+    import latency_fs  # noqa: F401  (registers latency://)
+
     from voxjet.io.fetch import FetchConfig, FetchError
 
     ids = json.loads((cases / "splits.json").read_text())["train"]

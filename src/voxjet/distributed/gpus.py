@@ -66,7 +66,7 @@ def check_gpus(gpus: int, what: str = "launch.gpus") -> int:
 
 
 def job_device() -> str:
-    """"cuda" or "cpu" as `voxjet launch` decided for this process; run without the launcher,
+    """ "cuda" or "cpu" as `voxjet launch` decided for this process; run without the launcher,
     the GPU when torch sees one."""
     want = os.environ.get(DEVICE_ENV)
     if want == "cuda":

@@ -52,20 +52,6 @@ def branches_needed(
     return v.branches(names)
 
 
-def pad_jagged(content: np.ndarray, counts: np.ndarray, length: int) -> np.ndarray:
-    """Pad/clip flat per-particle rows [sum(counts), F] into [N, length, F] with zeros."""
-    counts = np.asarray(counts, np.int64)
-    n = len(counts)
-    kept = np.minimum(counts, length)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    # for every kept particle: its row in `content` and its slot in the padded output
-    jet = np.repeat(np.arange(n), kept)
-    pos = np.arange(int(kept.sum())) - np.repeat(np.cumsum(kept) - kept, kept)
-    out = np.zeros((n * length, *content.shape[1:]), content.dtype)
-    out[jet * length + pos] = content[starts[jet] + pos]
-    return out.reshape(n, length, *content.shape[1:])
-
-
 def _is_jagged(x) -> bool:
     return isinstance(x, ak.Array) and x.ndim == 2
 

@@ -174,16 +174,42 @@ def take_from_chunks(
     return out
 
 
+# Padding happens in one of two places, each where the batch already is: on the device that
+# trains (pad_particles: the loader ships the unpadded bytes to the GPU), or in a DataLoader
+# worker for a model on the CPU (pad_rows: straight into the worker's shared-memory buffer).
+# Both give the same arrays (tests/test_jagged.py).
+
+
 def pad_particles(
     flat: torch.Tensor, counts: torch.Tensor, length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat particles [sum(counts), F] of jets with `counts` (each ≤ length) as padded
     [B, length, F] (zeros beyond each jet's count) and the mask [B, length]; on the tensors'
-    device (the GPU path: the loader ships the unpadded bytes)."""
+    device."""
     mask = torch.arange(length, device=flat.device) < counts.to(flat.device)[:, None]
     out = flat.new_zeros(len(counts), length, flat.shape[-1])
     out[mask] = flat  # row-major order of the mask is jet by jet, particle by particle
     return out, mask
+
+
+def pad_rows(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    rows: np.ndarray,
+    zero_row: int,
+    out: np.ndarray,
+    mask: np.ndarray,
+    index: np.ndarray,
+) -> None:
+    """Jets `rows` of flat particles with `offsets`, padded into `out` [n, length, F] with
+    `mask` [n, length]: one gather through `index` [n, length] (scratch), whose pad slots point
+    at `zero_row`, a row of zeros in `flat` (no fill, no scatter). Counts must be ≤ length."""
+    n, length = mask.shape
+    starts = offsets[:-1][rows]
+    np.less(np.arange(length), (offsets[1:][rows] - starts)[:, None], out=mask)
+    np.add(starts[:, None], np.arange(length), out=index)
+    np.copyto(index, zero_row, where=~mask)
+    gather_rows(flat, index.reshape(-1), out.reshape(n * length, -1))
 
 
 # A slab is free when only the pool refers to it, which sys.getrefcount tells on the CPython

@@ -173,7 +173,7 @@ def _taus(fastjet, consts, pt, eta, phi, nmax: int = 4) -> np.ndarray:
     return taus
 
 
-def _jet_record(fastjet, event, jet, rng_unused=None) -> dict:
+def _jet_record(fastjet, event, jet) -> dict:
     consts = jet.constituents()
     idx = [c.user_index() for c in consts]
     ps = [event[i] for i in idx]

@@ -30,7 +30,7 @@ from voxjet.io.fetch import FetchConfig
 from voxjet.io.handover import SharedSlabs, fresh_batch
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
-from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, gather_rows, take_rows
+from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, pad_rows, take_rows
 
 KEYS = ("jets", "labels")
 
@@ -142,10 +142,6 @@ class JetStream(torch.utils.data.IterableDataset):
             dealt[s].append(self.blocks[i])
             jets[s] += self.blocks[i].stop - self.blocks[i].start
         return dealt
-
-    def batches_per_epoch(self, workers: int = 1) -> int:
-        """Batches every stream yields an epoch: the least any stream's blocks allow."""
-        return self._quota(self._deal(self.world * workers))
 
     def _quota(self, dealt: list[list[Block]]) -> int:
         per = min(sum(b.stop - b.start for b in blocks) // self.batch_size for blocks in dealt)
@@ -321,8 +317,7 @@ class JetStream(torch.utils.data.IterableDataset):
         self, buf: JaggedBuffer, rows: np.ndarray, alloc: Callable[[Specs], dict[str, np.ndarray]]
     ) -> dict[str, np.ndarray]:
         """Jets `rows` of the buffer with particles padded to pad_to, and a mask, into arrays
-        from `alloc`: one gather through an index whose pad slots point at a zero row just
-        past the buffer's particles (no fill, no scatter)."""
+        from `alloc` (the pad slots gather a zero row kept just past the buffer's particles)."""
         view = buf.view()
         off, zero = view["offsets"], buf.particles
         flat = buf.arrays["particles"]
@@ -333,13 +328,9 @@ class JetStream(torch.utils.data.IterableDataset):
         specs["mask"] = ((n, p), np.dtype(bool))
         out = alloc(specs)
         idx = self._slabs.arrays({"idx": ((n, p), np.dtype(np.int64))})["idx"]
-        starts = off[:-1][rows]
-        np.less(np.arange(p), (off[1:][rows] - starts)[:, None], out=out["mask"])
-        np.add(starts[:, None], np.arange(p), out=idx)
-        np.copyto(idx, zero, where=~out["mask"])
+        pad_rows(flat, off, rows, zero, out["particles"], out["mask"], idx)
         for k in ("jets", "labels", "source"):
             np.take(view[k], rows, axis=0, out=out[k])
-        gather_rows(flat, idx.reshape(-1), out["particles"].reshape(n * p, -1))
         return out
 
     def describe(self, batch: dict[str, torch.Tensor]) -> str:

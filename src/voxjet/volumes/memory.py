@@ -6,7 +6,7 @@ resolution level, S = sum_l c_l * V_l (c_l channels, V_l = voxels of the patch /
 full-resolution tensors of few channels (input, output, decoder concatenations, loss terms),
 V_0. Per sample, elements = a * S + b * V_0 with a = 0.616 + 0.375 r and b = 52.6 + 29.5 r,
 r = num_res_units. The constants were fitted to the peak resident memory that a forward and
-backward pass adds on CPU (float32, InstanceNorm; `measure_peak_bytes` below) for
+backward pass adds on CPU (float32, InstanceNorm; measured in tests/memory_probe.py) for
 patches 64x64x32 to 96x96x48 and channels (16..128) to (32..256); the estimate lands within
 about 30% of the measurement and errs on the high side. Weights, gradients and Adam's two
 moments add 16 bytes a parameter. On a GPU the CUDA context and cuDNN workspaces take about
@@ -107,46 +107,3 @@ def plan_patch_and_batch(
         "pipeline_stages": stages,
         "micro_batches": 1 if stages == 1 else 4 * stages,
     }
-
-
-def measure_peak_bytes(
-    patch: list[int], channels: list[int], batch: int, num_res_units: int = 1, out_channels: int = 2
-) -> int:
-    """Resident memory a forward and backward pass adds on CPU, measured in a fresh process
-    (the peak resident size only grows, so each measurement needs its own)."""
-    import json
-    import subprocess
-    import sys
-
-    # Anonymous resident memory, sampled every 0.2 ms by a thread: unlike the peak resident set
-    # size it leaves out library code paged in on first use, which depends on the page cache
-    # (a busy machine made ru_maxrss read up to twice the allocations).
-    code = (
-        "import json,sys,threading,time,torch\n"
-        "from voxjet.volumes.models import build_unet\n"
-        "def anon():\n"
-        "  for l in open('/proc/self/status'):\n"
-        "    if l.startswith('RssAnon:'): return int(l.split()[1])*1024\n"
-        "p,ch,b,r,o=json.loads(sys.argv[1]);torch.set_num_threads(1)\n"
-        "m=build_unet(1,o,ch,r)\n"
-        "m(torch.randn(1,1,*[2**len(ch)]*3)).sum().backward();m.zero_grad()\n"
-        "x=torch.randn(b,1,*p)\n"
-        "base=anon();peak=[base];done=threading.Event()\n"
-        "def watch():\n"
-        "  while not done.is_set(): peak[0]=max(peak[0],anon());time.sleep(0.0002)\n"
-        "t=threading.Thread(target=watch);t.start()\n"
-        "m(x).float().pow(2).mean().backward()\n"
-        "done.set();t.join();print(max(peak[0],anon())-base)\n"
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            json.dumps([patch, channels, batch, num_res_units, out_channels]),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(out.stdout.strip().splitlines()[-1])

@@ -300,11 +300,6 @@ def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
     return out.numpy()
 
 
-def resample(arr: np.ndarray, spacing: np.ndarray, target: np.ndarray, order: int) -> np.ndarray:
-    """Resample the last three axes to `target` spacing (order 1 linear, 0 nearest)."""
-    return zoom_to(arr, plan_shape(arr.shape[-3:], spacing, target), order)
-
-
 def preprocess_case(
     ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path, cfg: VolumePrepConfig
 ) -> dict:

@@ -134,3 +134,15 @@ def shards(tmp_path_factory) -> Path:
         d / "manifest.json", d / "shards", JetDataConfig(max_particles=24, jets_per_shard=300)
     )
     return d / "shards"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a CUDA device; without one they are skipped, saying so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

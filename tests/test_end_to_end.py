@@ -140,13 +140,13 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
                 "dataset": "far_jets",
                 "model": {"name": "pfn", "phi_sizes": [32, 32], "f_sizes": [32]},
                 "train": {"steps": 40, "eval_every": 20},
-                "launch": {"threads": 1},
+                "launch": {"gpus": 0, "threads": 1},
             },
             "far-unet": {
                 "dataset": "far_ct",
                 "model": {"name": "unet", "channels": [8, 16, 32, 64]},
                 "train": {"steps": 10, "eval_every": 10, "iterations_per_epoch": 5},
-                "launch": {"threads": 1},
+                "launch": {"gpus": 0, "threads": 1},
             },
         },
     }

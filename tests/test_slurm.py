@@ -282,7 +282,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
         "dataset": "toy_jets",
         "model": {"name": "pfn", "phi_sizes": [32, 32], "f_sizes": [32]},
         "train": {"steps": 4000, "eval_every": 1000, "checkpoint_every": 1000, "lr": 0.003},
-        "launch": {"threads": 1, "runtime": 30},
+        "launch": {"gpus": 0, "threads": 1, "runtime": 30},
     }
     demo["experiments"] = {"pfn-a": exp, "pfn-b": exp}
     write_config(path, demo)

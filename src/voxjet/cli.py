@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--gpus",
         type=int,
-        default=0,
+        required=True,
         help="GPUs a node, one process each (checked: torch must see them); 0 runs on the CPU",
     )
     s.add_argument(

@@ -21,6 +21,8 @@ from voxjet.jets.models import build_model
 from voxjet.jets.stream import JetStream
 from voxjet.training.loop import TrainSettings, train
 
+JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
+
 
 @torch.no_grad()
 def predict(model: nn.Module, data, device: torch.device, batch_size: int = 2048) -> np.ndarray:
@@ -127,6 +129,7 @@ def run(
     with the dataset's `read:` settings)."""
     rt = init_runtime()
     s = TrainSettings(**run_config.get("train", {}))
+    s.batch_size = s.batch_size or JET_BATCH_SIZE
     model_cfg = dict(run_config.get("model", {}))
     try:
         task = JetTask(shard_dir, model_cfg, s, ReadOptions.from_config(read))

@@ -30,10 +30,11 @@ from voxjet.training.schedule import multiplier
 
 @dataclass
 class TrainSettings:
-    """Optimisation settings from the experiment's `train:` section."""
+    """Optimisation settings from the experiment's `train:` section (defaults: the schema's,
+    config/schema.yaml, tested equal)."""
 
     steps: int = 300
-    batch_size: int = 256
+    batch_size: int | None = None  # None: the domain's (256 jets; the plan's for volumes)
     lr: float = 1e-3
     weight_decay: float = 1e-4
     optimizer: str = "adamw"
@@ -48,6 +49,9 @@ class TrainSettings:
     prefetch: int = 16
     loader_workers: int = 0
     seed: int = 0
+    iterations_per_epoch: int = 50
+    foreground_fraction: float = 0.333
+    augment: bool = True
     pipeline_stages: int = 1
     microbatches: int = 4
     pipeline_schedule: str = "1f1b"

@@ -18,9 +18,6 @@ from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes
 
-SEG_TRAIN_KEYS = ("iterations_per_epoch", "foreground_fraction", "augment")
-
-
 class SegTask:
     """Segmentation for the shared loop: DiceCE on patches, mean foreground Dice picks the best."""
 
@@ -29,9 +26,6 @@ class SegTask:
         cases_dir: str | Path,
         model_cfg: dict[str, Any],
         s: TrainSettings,
-        iterations_per_epoch: int = 50,
-        foreground_fraction: float = 1 / 3,
-        augment: bool = True,
         read: ReadOptions | None = None,
     ) -> None:
         self.dir = str(cases_dir)  # a folder or an fsspec URL
@@ -47,17 +41,12 @@ class SegTask:
             self.train_store,
             self.plan["patch_size"],
             s.batch_size,
-            foreground_fraction,
+            s.foreground_fraction,
             s.seed,
-            augment=augment,
+            augment=s.augment,
         )
-        self.iterations = iterations_per_epoch
-        self.data = {
-            "iterations_per_epoch": iterations_per_epoch,
-            "augment": augment,
-            "foreground_fraction": foreground_fraction,
-            "plan": self.plan,
-        }
+        self.iterations = s.iterations_per_epoch
+        self.data = {"plan": self.plan}
         channels = self.train_store.file(self.train_store.case_ids[0])["image"].shape[0]
         self.model_cfg = {
             "in_channels": int(channels),
@@ -124,13 +113,11 @@ def run(
     a URL, read with the dataset's `read:` settings)."""
     opts = ReadOptions.from_config(read)
     rt = init_runtime()
-    tcfg = dict(run_config.get("train", {}))
-    extra = {k: tcfg.pop(k) for k in SEG_TRAIN_KEYS if k in tcfg}
-    # 3D patches: the plan's batch size (from the GPU memory budget), not the jets' default
-    tcfg.setdefault("batch_size", read_json_at(cases_dir, "plan.json", opts).get("batch_size", 2))
-    s = TrainSettings(**tcfg)
+    s = TrainSettings(**run_config.get("train", {}))
+    if s.batch_size is None:  # the plan's, from the GPU memory budget
+        s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     try:
-        task = SegTask(cases_dir, dict(run_config.get("model", {})), s, **extra, read=opts)
+        task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)
         return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)

@@ -165,7 +165,7 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp_path):
     env, state = fake_slurm
     yaml_config(workflow_dir)
-    r = run_snakemake(workflow_dir, *README["slurm-run"], env=speedy(env, tmp_path))
+    r = run_snakemake(workflow_dir, *README["slurm-run"][1:], env=speedy(env, tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     submitted = {}
     for argv in calls(state, "sbatch"):
@@ -176,14 +176,16 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
     for rule, jobs in submitted.items():
         for opts in jobs:
             assert opts["--account"] == "my_account" and "--time" in opts and "--mem" in opts
-            # the demo asks for the CPU: no GPU anywhere (GPU requests: the test below)
-            assert "--gpus" not in opts and "--cpus-per-task" in opts
-            train = rule in {"rule_train_jets", "rule_train_seg"}
+            # the demo asks for the CPU (GPU requests: the test below); the profile's
+            # gpu_model makes the plugin name it even for 0 GPUs
+            train = rule.startswith(("rule_train_", "rule_evaluate_"))
+            assert opts.get("--gpus") == ("a100:0" if train else None)
             assert opts["--partition"] == ("gpu" if train else "cpu")
+            assert "--cpus-per-task" in opts
     train = {o["--comment"].split("toy_jets_")[-1]: o for o in submitted["rule_train_jets"]}
     one, two = train["pfn"], train["pfn-2node"]
     assert (one["--time"], one["--mem"], one["--nodes"]) == ("30", "3000", "1")
-    assert "--ntasks" not in one
+    assert one["--ntasks"] == "1"  # one launcher a node (it starts the processes)
     assert (two["--nodes"], two["--ntasks"], two["--time"], two["--mem"]) == (
         "2",
         "2",

@@ -264,9 +264,8 @@ def generate_dataset(
     `workers` processes)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from tqdm import tqdm
-
     from voxjet.jets.schema import CLASSES
+    from voxjet.progress import progress as progress_of
 
     _require()
     bad = [c for c in cfg.classes if c not in PROCESSES]
@@ -283,7 +282,7 @@ def generate_dataset(
     ]
     with ProcessPoolExecutor(max(1, workers)) as pool:
         futures = [pool.submit(_one_file, path, c, seed, cfg) for path, c, seed in jobs]
-        for f in tqdm(futures, desc="synth-jets (pythia)", unit="file", disable=not progress):
+        for f in progress_of(futures, "synth-jets (pythia)", "file", disable=not progress):
             f.result()
     return [path for path, _, _ in jobs]
 

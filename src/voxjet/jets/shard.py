@@ -22,7 +22,6 @@ import h5py
 import hdf5plugin
 import numpy as np
 import uproot
-from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
@@ -35,6 +34,7 @@ from voxjet.jets.features import (
     variables,
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
+from voxjet.progress import progress
 
 # 2: particles stored jagged (flat rows + offsets); 1 stored them padded
 FORMAT_VERSION = 2
@@ -312,7 +312,7 @@ def shard_part(
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
     types: dict = {}
     chunks, skipped, per_file = [], [], {}
-    for entry in tqdm(files, desc=f"shard-jets part {part}", unit="file", mininterval=1.0):
+    for entry in progress(files, f"shard-jets part {part}", "file"):
         path = root / entry["path"]
         try:
             f, tree = _open_tree(path, cfg)

@@ -267,7 +267,7 @@ def generate_dataset(
     out_dir: str | os.PathLike, cfg: ToyJetsConfig, progress: bool = True
 ) -> list[Path]:
     """Write `files_per_class` files a class into `out_dir`, named like JetClass's."""
-    from tqdm import tqdm
+    from voxjet.progress import progress as progress_of
 
     unknown = [c for c in cfg.classes if c not in TOY_CLASSES]
     if unknown:
@@ -276,7 +276,7 @@ def generate_dataset(
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, i) for c in cfg.classes for i in range(cfg.files_per_class)]
     paths = []
-    for c, i in tqdm(jobs, desc="synth-jets", unit="file", disable=not progress):
+    for c, i in progress_of(jobs, "synth-jets", "file", disable=not progress):
         path = out / f"{c}_{i:03d}.root"
         seed = cfg.seed * 1_000_003 + CLASSES.index(c) * 1000 + i
         generate_file(path, c, cfg.jets_per_file, seed, cfg)

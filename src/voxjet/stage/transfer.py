@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import fsspec
-from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json, write_json
+from voxjet.progress import Progress
 from voxjet.stage.checksum import CHUNK, algorithm_for, checksum_file, new_hasher
 
 MANIFEST_VERSION = 1
@@ -209,20 +209,13 @@ def stage(
         return record
 
     records = []
-    with (
-        ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
-        tqdm(
-            total=sum(f.size for f in files),
-            unit="B",
-            unit_scale=True,
-            desc=f"stage {Path(dest).name}",
-            mininterval=1.0,
-        ) as bar,
-    ):
+    bar = Progress(len(files), f"stage {Path(dest).name}", "file")
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(one, f): f for f in files}
         for fut in as_completed(futures):
             records.append(fut.result())
-            bar.update(futures[fut].size)
+            bar.update(1)
+    bar.close()
     records.sort(key=lambda r: r["path"])
     manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
     write_json(manifest_path, manifest)

@@ -18,10 +18,10 @@ import h5py
 import hdf5plugin
 import nibabel as nib
 import numpy as np
-from tqdm import tqdm
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.progress import progress
 from voxjet.volumes.geometry import (
     as_tensor,
     from_ras,
@@ -178,7 +178,7 @@ def inspect_cases(
     rng = np.random.default_rng(cfg.seed)
     by_id = {c.case_id: c for c in ds.cases}
     stats, skipped = {}, {}
-    for cid in tqdm(case_ids, desc="fingerprint", unit="case", mininterval=1.0):
+    for cid in progress(case_ids, "fingerprint", "case"):
         try:
             lc = load_case(ds, by_id[cid])
         except VoxjetError as e:
@@ -391,7 +391,7 @@ def preprocess_dataset(
     good = [c for c in ds.cases if c.case_id not in planned["skipped"]]
     summaries = []
     with atomic_path(out_dir, directory=True) as tmp:
-        for case in tqdm(good, desc="preprocess", unit="case", mininterval=1.0):
+        for case in progress(good, "preprocess", "case"):
             summaries.append(preprocess_case(ds, case, plan, fp, tmp / f"{case.case_id}.h5", cfg))
         for name, obj in (
             ("fingerprint", fp),

@@ -101,7 +101,7 @@ def generate_dataset(
     name: str = "Task00_Toy",
 ) -> Path:
     """Write an MSD-layout dataset (dataset.json, imagesTr, labelsTr, imagesTs)."""
-    from tqdm import tqdm
+    from voxjet.progress import progress as progress_of
 
     out = Path(out_dir)
     for sub in ("imagesTr", "labelsTr", "imagesTs"):
@@ -109,7 +109,7 @@ def generate_dataset(
     rng = np.random.default_rng(cfg.seed)
     training, test = [], []
     total = cfg.train_cases + cfg.test_cases
-    for i in tqdm(range(total), desc="synth-volumes", unit="case", disable=not progress):
+    for i in progress_of(range(total), "synth-volumes", "case", disable=not progress):
         image, label, affine = make_case(rng, cfg)
         case = f"toy_{i:03d}.nii.gz"
         if i < cfg.train_cases:

@@ -18,6 +18,7 @@ from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes
 
+
 class SegTask:
     """Segmentation for the shared loop: DiceCE on patches, mean foreground Dice picks the best."""
 

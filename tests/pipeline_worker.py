@@ -1,5 +1,6 @@
 """Run under torchrun by test_pipeline.py: a U-Net trained a few SGD steps through
-PipelineParallel; rank 0 saves the first step's gradients and every step's loss."""
+PipelineParallel; the ranks of the first pipeline save their stage's first-step gradients, and
+rank 0 every step's loss and the final weights (after sync_params)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,14 @@ def main(out: str, schedule: str, stages: int, microbatches: int, steps: int, ba
         loss = pp.step(x[rows], y[rows])
         pp.reduce_grads(model.parameters())
         if step == 0:
-            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
         losses.append(float(loss))
+    pp.sync_params(model)
+    if pp.dp_rank == 0:
+        torch.save(grads, f"{out}.grads-{pp.pp_rank}")
     if rt.is_main:
-        torch.save({"grads": grads, "losses": losses, "dp": dp}, out)
+        torch.save({"losses": losses, "dp": dp, "weights": model.state_dict()}, out)
     shutdown(rt)
 
 

@@ -175,13 +175,31 @@ def test_cli_summarises_from_a_config_listing_failed_runs_as_missing(tmp_path, m
     from voxjet.cli import main
 
     monkeypatch.chdir(tmp_path)
-    shutil.copy(REPO / "config" / "config.yaml", tmp_path / "config.yaml")
+    shutil.copytree(REPO / "config", tmp_path / "config")  # the config and its schema
     done = tmp_path / "results" / "toy_jets" / "runs" / "part" / "eval"
     done.mkdir(parents=True)
     (done / "metrics.json").write_text(json.dumps({"auc_macro": 0.9, "accuracy": 0.8}))
-    assert main(["aggregate", "--from-config", "config.yaml", "--out", "summary"]) == 0
+    assert main(["aggregate", "--from-config", "config/config.yaml", "--out", "summary"]) == 0
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert "| part ★ |" in md
-    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    cfg = yaml.safe_load((tmp_path / "config" / "config.yaml").read_text())
     for experiment, run in (("particlenet", "particlenet"), ("unet", "unet_lr-0.001")):
         assert experiment in cfg["experiments"] and f"{run} (missing" in md
+
+
+def test_repeats_are_summarised_as_mean_std_and_range(tmp_path):
+    aucs = {"pfn": 0.90, "pfn_rep-1": 0.92, "pfn_rep-2": 0.97}
+    runs = []
+    for name, auc in aucs.items():
+        r = _run(tmp_path, name, "jets", {"auc_macro": auc, "accuracy": 0.8, "rej50_mean": 10.0})
+        r.group = "pfn"
+        runs.append(r)
+    runs.append(_run(tmp_path, "other", "jets", {"auc_macro": 0.5}))
+    out = aggregate(runs, tmp_path / "summary")
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    # mean 0.93, sample std 0.0361, range 0.9-0.97; a group of one gets no repeat row
+    assert "| pfn | 3 | 0.93 ± 0.03606 (0.9–0.97) |" in md
+    assert "| other | 1 |" not in md
+    assert "jets-ds_jets-repeats.png" in out["figures"]
+    rows = list(csv.DictReader(open(tmp_path / "summary" / "metrics.csv")))
+    assert {r["group"] for r in rows if r["run"].startswith("pfn")} == {"pfn"}

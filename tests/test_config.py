@@ -105,3 +105,55 @@ def test_sweep_of_unknown_section_fails(demo_config):
 def test_from_dict_refuses_unknown_keys():
     with pytest.raises(VoxjetError, match="unknown keys.*'bogus'"):
         from_dict(JetDataConfig, {"bogus": 1}, "jets config")
+
+
+def test_names_stay_when_a_sweep_grows(demo_config):
+    """A new sweep key whose list holds the experiment's current value (or its default) and a
+    new value added to a list leave every existing run's name, and its config, alone."""
+    from voxjet.config import with_defaults
+
+    cfg = with_defaults(demo_config, SCHEMA)
+    before = expand_runs(cfg)
+    grown = copy.deepcopy(cfg)
+    sweep = grown["experiments"]["pfn"]["sweep"]
+    sweep["train.lr"] = [0.001, 0.003, 0.01]
+    sweep["train.weight_decay"] = [0.0001, 0.001]  # 0.0001 is the default
+    after = expand_runs(grown)
+    assert set(before) <= set(after)
+    for name in before:
+        assert after[name].config == before[name].config
+    new = sorted(set(after) - set(before))
+    assert new == [
+        "pfn_lr-0.001_weight_decay-0.001",
+        "pfn_lr-0.003_weight_decay-0.001",
+        "pfn_lr-0.01",
+        "pfn_lr-0.01_weight_decay-0.001",
+    ]
+
+
+def test_repeats_are_runs_with_other_seeds(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["part"]["repeats"] = 3
+    cfg["experiments"]["part"]["train"]["seed"] = 5
+    runs = expand_runs(cfg)
+    reps = sorted(r for r in runs if runs[r].experiment == "part")
+    assert reps == ["part", "part_rep-1", "part_rep-2"]
+    assert [runs[r].config["train"]["seed"] for r in reps] == [5, 6, 7]
+    from voxjet.report.aggregate import run_infos
+
+    infos = {i.run: i for i in run_infos(runs.values())}
+    assert {infos[r].group for r in reps} == {"part"} and infos["part_rep-2"].params == {}
+
+
+def test_credentials_in_storage_options_are_refused(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["read"] = {"storage_options": {"secret": "hunter2"}}
+    with pytest.raises(VoxjetError, match=r"read\.storage_options\.secret': credentials do not"):
+        check_config(cfg, SCHEMA)
+    cfg["datasets"]["toy_jets"]["read"] = {
+        "storage_options": {"client_kwargs": {"aws_session_token": "x"}}
+    }
+    with pytest.raises(VoxjetError, match=r"AWS_ACCESS_KEY_ID"):
+        check_config(cfg, SCHEMA)
+    cfg["datasets"]["toy_jets"]["read"] = {"storage_options": {"profile": "mine", "anon": False}}
+    check_config(cfg, SCHEMA)

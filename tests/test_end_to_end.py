@@ -75,10 +75,10 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
     assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png"} <= figures
     # every rule left a log and a benchmark
-    # 19 jobs before the planning checkpoint, one preprocess_case job for each of the 7 cases
+    # 23 jobs besides one preprocess_case job for each of the 7 cases
     assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 22 + 7
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 22 + 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 23 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 23 + 7
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
@@ -99,6 +99,23 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
                          capture_output=True, text=True)  # fmt: skip
     assert agg.returncode == 0, agg.stderr[-2000:]
     assert "| pfn_lr-0.003" in (workflow_dir / "results" / "summary" / "summary.md").read_text()
+
+    # a sweep that grows, and repeats: only the new runs train (the others keep their names)
+    cfg = yaml.safe_load(tiny.read_text())
+    cfg["experiments"]["pfn"]["sweep"]["train.lr"] = [0.001, 0.003, 0.01]
+    cfg["experiments"]["particlenet"]["repeats"] = 3
+    write_config(tiny, cfg)
+    dry = run_snakemake(workflow_dir, "-n", "-p", "--configfile", str(tiny))
+    jobs = job_counts(_out(dry))
+    assert {k: jobs.get(k) for k in ("train_jets", "evaluate_jets", "train_seg")} == {
+        "train_jets": 3, "evaluate_jets": 3, "train_seg": None
+    }, jobs  # fmt: skip
+    for new in ("pfn_lr-0.01", "particlenet_rep-1", "particlenet_rep-2"):
+        assert f"runs/{new}/model.pt" in dry.stdout
+    cfg = yaml.safe_load(tiny.read_text())
+    cfg["experiments"]["pfn"]["sweep"]["train.lr"] = [0.001, 0.003]
+    cfg["experiments"]["particlenet"].pop("repeats")
+    write_config(tiny, cfg)
 
     # a change of a training setting reruns that experiment's runs, not the data stages
     cfg = yaml.safe_load(tiny.read_text())

@@ -49,6 +49,7 @@ def test_cuts_balance_activation_memory():
 
 def _reference(batch: int, steps: int):
     model, x, y = problem(batch)
+    _reference.model = model
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses, grads = [], None
@@ -68,7 +69,8 @@ def _reference(batch: int, steps: int):
 )
 def test_pipeline_matches_single_process_training(tmp_path, schedule, procs, microbatches):
     """2 stages (and with 4 processes, 2 pipelines × 2 data-parallel replicas): the gradients
-    of the first step and the loss of every step equal single-process training's."""
+    of the first step (each stage's, reduced over its replicas only), the loss of every step
+    and the final weights (synchronised from the stages) equal single-process training's."""
     stages, batch, steps = 2, 4, 5
     out = tmp_path / "pp.pt"
     r = subprocess.run(
@@ -91,8 +93,14 @@ def test_pipeline_matches_single_process_training(tmp_path, schedule, procs, mic
     )
     assert r.returncode == 0, r.stderr[-4000:]
     got = torch.load(out, weights_only=True)
+    stage_grads = [torch.load(f"{out}.grads-{k}", weights_only=True) for k in range(stages)]
+    assert not set(stage_grads[0]) & set(stage_grads[1])  # a stage holds only its own
+    got_grads = {n: g for part in stage_grads for n, g in part.items()}
     grads, losses = _reference(batch * got["dp"], steps)
+    assert set(got_grads) == set(grads)
     for name, g in grads.items():
-        torch.testing.assert_close(got["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
     assert got["losses"] == pytest.approx(losses, rel=1e-4)
     assert losses[-1] < losses[0]
+    for name, w in _reference.model.state_dict().items():
+        torch.testing.assert_close(got["weights"][name], w, rtol=1e-4, atol=1e-5, msg=name)

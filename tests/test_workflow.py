@@ -20,6 +20,7 @@ DEMO_JOBS = {
     "train_seg": 2,
     "evaluate_jets": 4,
     "evaluate_seg": 2,
+    "list_runs": 1,
     "aggregate": 1,
     "all": 1,
 }

@@ -153,7 +153,7 @@ def _aggregate(a: argparse.Namespace) -> None:
     if a.runs:
         runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
     elif a.from_config:
-        runs = runs_from_config(a.from_config)
+        runs = runs_from_config(a.from_config, a.schema)
     else:
         raise VoxjetError("aggregate: give --runs (what the workflow passes) or --from-config")
     out = aggregate(runs, a.out, a.benchmarks)
@@ -305,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-config",
         default=None,
         help="a workflow config: summarise its runs that have metrics, list the rest",
+    )
+    s.add_argument(
+        "--schema",
+        default="config/schema.yaml",
+        help="the workflow's config schema (its defaults decide run names), for --from-config",
     )
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
     s.add_argument("--out", required=True)

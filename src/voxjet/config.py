@@ -85,11 +85,56 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
     if leaf:
         msgs = sorted({_explain(e) for e in leaf})
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
+    for name, ds in config.get("datasets", {}).items():
+        _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
             raise VoxjetError(
                 f"config key 'experiments.{name}.dataset': no dataset named "
                 f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
+            )
+
+
+def with_defaults(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
+    """A copy of `config` checked and with the schema's defaults filled in, as Snakemake's
+    validate() fills them (for code that reads a config outside the workflow)."""
+    import jsonschema
+    import yaml
+
+    check_config(config, schema_path)
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    base = jsonschema.Draft202012Validator
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub:
+                    instance.setdefault(key, copy.deepcopy(sub["default"]))
+        yield from base.VALIDATORS["properties"](validator, properties, instance, schema)
+
+    filling = jsonschema.validators.extend(base, {"properties": set_defaults})
+    out = copy.deepcopy(dict(config))
+    filling(schema).validate(out)
+    return out
+
+
+SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|key)$", re.I)
+
+
+def _refuse_secrets(options: Any, where: str) -> None:
+    """Credentials in storage options would reach command lines and logs: refuse them."""
+    if not isinstance(options, Mapping):
+        return
+    for k, v in options.items():
+        if isinstance(v, Mapping):
+            _refuse_secrets(v, f"{where}.{k}")
+        elif SECRET_KEY.search(str(k)) and not str(k).endswith(("_file", "_path")):
+            raise VoxjetError(
+                f"config key '{where}.storage_options.{k}': credentials do not belong in the "
+                "config (it reaches command lines and logs); give them to the storage library "
+                "instead: for S3 the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) or a "
+                "profile of ~/.aws/credentials (`storage_options: {profile: <name>}`); for "
+                "XRootD a token file (BEARER_TOKEN_FILE) or your grid proxy"
             )
 
 
@@ -118,6 +163,18 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]", "_", str(value))
 
 
+_MISSING = object()
+
+
+def _get_dotted(d: Mapping[str, Any], dotted: str) -> Any:
+    cur: Any = d
+    for p in dotted.split("."):
+        if not isinstance(cur, Mapping) or p not in cur:
+            return _MISSING
+        cur = cur[p]
+    return cur
+
+
 def _set_dotted(d: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     *parents, last = dotted.split(".")
     cur = d
@@ -131,25 +188,57 @@ def _set_dotted(d: dict[str, Any], dotted: str, value: Any, where: str) -> None:
     cur[last] = value
 
 
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """A sweep key's name in run names: its last part, or all of it where two share one."""
+    last = [k.split(".")[-1] for k in keys]
+    return {
+        k: (s if last.count(s) == 1 else k.replace(".", "-"))
+        for k, s in zip(keys, last, strict=True)
+    }
+
+
+def run_name(
+    experiment: str, base: Mapping[str, Any], params: Mapping[str, Any], repeat: int
+) -> str:
+    """`experiment`, then `_<key>-<value>` for each swept setting whose value differs from the
+    experiment's own (so a sweep that grows, or a new key whose list holds the current value,
+    leaves existing names alone), then `_rep-<k>` for repeats after the first."""
+    short = _short_names(sorted(params))
+    parts = [experiment]
+    for k in sorted(params):
+        if _get_dotted(base, k) is _MISSING or _get_dotted(base, k) != params[k]:
+            parts.append(f"{short[k]}-{_slug(params[k])}")
+    if repeat:
+        parts.append(f"rep-{repeat}")
+    return "_".join(parts)
+
+
 def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
-    """Every run of every experiment: a sweep of n values becomes n runs."""
+    """Every run of every experiment: each combination of the sweep's values, `repeats` times
+    (repeat k trains with train.seed + k)."""
     runs: dict[str, Run] = {}
     for name, exp in config.get("experiments", {}).items():
         domain = config["datasets"][exp["dataset"]]["domain"]
         sweep = exp.get("sweep") or {}
         keys = sorted(sweep)
+        base = {"model": exp.get("model", {}), "train": exp.get("train", {})}
         for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
-            cfg = {
-                "model": copy.deepcopy(exp.get("model", {})),
-                "train": copy.deepcopy(exp.get("train", {})),
-            }
             params = dict(zip(keys, combo, strict=True))
-            for k, v in params.items():
-                _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
-            suffix = "".join(f"_{k.split('.')[-1]}-{_slug(v)}" for k, v in params.items())
-            run_id = name + suffix
-            cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
-            runs[run_id] = Run(run_id, name, exp["dataset"], domain, params, cfg)
+            for repeat in range(int(exp.get("repeats", 1))):
+                cfg = copy.deepcopy(base)
+                for k, v in params.items():
+                    _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
+                if repeat:
+                    cfg["train"]["seed"] = int(cfg["train"].get("seed", 0)) + repeat
+                run_id = run_name(name, base, params, repeat)
+                if run_id in runs:
+                    raise VoxjetError(
+                        f"experiments.{name}: two runs would be named {run_id!r}; give the "
+                        "sweep values that differ only in punctuation distinct names"
+                    )
+                cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
+                info = {**params, **({"repeat": repeat} if repeat else {})}
+                runs[run_id] = Run(run_id, name, exp["dataset"], domain, info, cfg)
     return runs
 
 

@@ -1,9 +1,31 @@
-# Every run's metrics → results/summary/{metrics.csv, summary.md, figures/}. Benchmark files
-# of the earlier rules are read too (they exist once those jobs ran) for the cost figure.
+# Every run's metrics → results/summary/{metrics.csv, summary.md, figures/}. The runs come in a
+# file (list_runs), never on a command line. Benchmark files of the earlier rules are read too
+# (they exist once those jobs ran) for the cost figure.
+
+
+rule list_runs:
+    output:
+        "results/summary/runs.json",
+    params:
+        runs=aggregate_runs(),
+    log:
+        "logs/list_runs/list_runs.log",
+    benchmark:
+        "results/benchmarks/list_runs/list_runs.tsv"
+    localrule: True
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    conda:
+        ENV
+    script:
+        "../scripts/list_runs.py"
 
 
 rule aggregate:
     input:
+        runs=rules.list_runs.output[0],
         evals=eval_targets(),
         train_logs=train_logs(),
     output:
@@ -25,8 +47,6 @@ rule aggregate:
             subcategory="{dataset}",
             labels={"figure": "{figure}"},
         ),
-    params:
-        runs=aggregate_runs(),
     log:
         "logs/aggregate/aggregate.log",
     benchmark:
@@ -38,5 +58,5 @@ rule aggregate:
     conda:
         ENV
     shell:
-        "voxjet aggregate --runs {params.runs:q} --out results/summary"
+        "voxjet aggregate --runs @{input.runs:q} --out results/summary"
         " --benchmarks results/benchmarks > {log} 2>&1"

@@ -200,5 +200,5 @@ def train_logs():
 
 
 def aggregate_runs():
-    """What the aggregate step needs to know about every run, as JSON."""
-    return json.dumps([dataclasses.asdict(i) for i in run_infos(RUNS.values())], sort_keys=True)
+    """What the aggregate step needs to know about every run (list_runs writes it to a file)."""
+    return [dataclasses.asdict(i) for i in run_infos(RUNS.values())]

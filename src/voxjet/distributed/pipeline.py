@@ -2,10 +2,11 @@
 device mesh (dp × pp): K consecutive ranks form one pipeline, the D pipelines split the batch.
 
 Every rank keeps the whole model's parameters (a U-Net's weights are tens of MB; what does
-not fit one GPU are the activations of large 3D patches) but computes only its stage. After a
-schedule step, one all-reduce over the world sums each stage's gradients into every rank and
-averages them over the D replicas, so every rank takes the same optimizer step and holds the
-same model: checkpoints, validation and evaluation work as without pipelining.
+not fit one GPU are the activations of large 3D patches) but computes and updates only its
+stage: after a schedule step each stage's gradients are averaged over the D replicas of that
+stage (the data-parallel group), never over the whole world, and gradient clipping takes the
+norm over the stages with one scalar all-reduce. The other stages' copies are brought up to
+date (`sync_params`) only where the whole model is used: validation, checkpoints, export.
 """
 
 from __future__ import annotations
@@ -66,8 +67,14 @@ class PipelineParallel:
         self.pp_rank = mesh["pp"].get_local_rank()
         self.dp_rank = mesh["dp"].get_local_rank()
         self.first, self.last = self.pp_rank == 0, self.pp_rank == k - 1
+        self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+        self.stage_params = [list(m.parameters()) + list(m.buffers()) for m in stage_modules]
+        owned = [id(p) for ps in self.stage_params for p in ps]
+        if len(owned) != len(set(owned)):
+            raise VoxjetError("pipeline stages share parameters; each must belong to one stage")
+        self.mine = {id(p) for p in stage_modules[self.pp_rank].parameters()}
         self.stage = PipelineStage(
-            stage_modules[self.pp_rank], self.pp_rank, k, rt.device, group=mesh["pp"].get_group()
+            stage_modules[self.pp_rank], self.pp_rank, k, rt.device, group=self.pp_group
         )
         kind = ScheduleGPipe if cfg.schedule == "gpipe" else Schedule1F1B
         self.schedule = kind(self.stage, cfg.microbatches, loss_fn=loss_fn)
@@ -100,14 +107,63 @@ class PipelineParallel:
         return total / self.dp
 
     def reduce_grads(self, params: Iterable[nn.Parameter]) -> None:
-        """Every rank gets the full gradient: the sum over stages, averaged over replicas."""
-        params = list(params)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.dp
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+        """This stage's gradients averaged over its D replicas (the data-parallel group); the
+        other stages' parameters have none here (the optimizer leaves them alone)."""
+        own = [p for p in params if id(p) in self.mine]
+        for p in own:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.dp > 1 and own:
+            flat = torch.cat([p.grad.reshape(-1) for p in own])
+            dist.all_reduce(flat, group=self.dp_group)
+            flat /= self.dp
+            offset = 0
+            for p in own:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+
+    def clip_grad_norm_(self, params: Iterable[nn.Parameter], max_norm: float) -> float:
+        """Clip by the norm of the whole model's gradient (every stage's, one scalar
+        all-reduce over the pipeline), as torch.nn.utils.clip_grad_norm_ would alone."""
+        own = [p for p in params if id(p) in self.mine and p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=self.rt.device)
+        for p in own:
+            sq += p.grad.detach().double().pow(2).sum()
+        dist.all_reduce(sq, group=self.pp_group)
+        norm = sq.sqrt()
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for p in own:
+            p.grad.mul_(coef.to(p.grad.dtype))
+        return float(norm)
+
+    def sync_params(self, model: nn.Module) -> None:
+        """Every stage's current weights onto every rank (from the rank of this pipeline that
+        owns the stage): the whole model for validation, checkpoints and export."""
+        ranks = dist.get_process_group_ranks(self.pp_group)
+        with torch.no_grad():
+            for stage, tensors in enumerate(self.stage_params):
+                if not tensors:
+                    continue
+                flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+                dist.broadcast(flat, src=ranks[stage], group=self.pp_group)
+                offset = 0
+                for t in tensors:
+                    n = t.numel()
+                    t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
+                    offset += n
+
+    def gather_optimizer_state(self, opt: torch.optim.Optimizer) -> dict:
+        """The optimizer's state dict with every stage's parameter states (each rank holds its
+        own stage's), for a checkpoint that resumes on any layout."""
+        mine = opt.state_dict()
+        cpu = {
+            i: {k: v.cpu() if torch.is_tensor(v) else v for k, v in st.items()}
+            for i, st in mine["state"].items()
+        }
+        parts = [None] * dist.get_world_size(self.pp_group)
+        dist.all_gather_object(parts, cpu, group=self.pp_group)
+        merged = {}
+        for part in parts:
+            merged.update(part)
+        return {"state": merged, "param_groups": mine["param_groups"]}

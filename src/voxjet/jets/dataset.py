@@ -61,15 +61,22 @@ def load_index(shard_dir: str | os.PathLike, opts: ReadOptions | None = None) ->
     return index
 
 
+def share(n: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous share [lo, hi) of n items split over `world` ranks."""
+    return n * rank // world, n * (rank + 1) // world
+
+
 def load_columns(
     shard_dir: str | os.PathLike,
     split: str,
     names: tuple[str, ...] = ("particles", "jets", "labels"),
     opts: ReadOptions | None = None,
     index: dict | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The named datasets of every shard of `split`, concatenated (only those are read);
-    "particles" brings its "offsets" along. Shards at a URL are fetched whole, concurrently."""
+    "particles" brings its "offsets" along. `rows` = (lo, hi) reads only those jets of the
+    split (in shard order): a rank's share. Shards at a URL are fetched whole, concurrently."""
     opts = opts or ReadOptions()
     index = index or load_index(shard_dir, opts)
     if split not in index["splits"] or not index["splits"][split]["shards"]:
@@ -80,32 +87,56 @@ def load_columns(
     keys = [*names, "offsets"] if "particles" in names else list(names)
     parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     remote = RemoteFiles(str(shard_dir), opts) if is_url(shard_dir) else None
+    lo, hi = rows if rows is not None else (0, None)
+    start = 0  # the split's row where this shard begins
     try:
         for shard in index["splits"][split]["shards"]:
+            n = shard["jets"]
+            a, b = max(lo - start, 0), n if hi is None else min(hi - start, n)
+            start += n
+            if a >= b:
+                continue
             path = f"{shard_dir}/{shard['file']}"
             try:
                 with h5py.File(
                     remote.fetch(shard["file"], shard.get("bytes")) if remote else path, "r"
                 ) as f:
+                    off = f["offsets"][a : b + 1] if "offsets" in parts else None
                     for k in parts:
-                        parts[k].append(f[k][...])
+                        if k == "offsets":
+                            parts[k].append(off)
+                        elif k == "particles":
+                            parts[k].append(f[k][int(off[0]) : int(off[-1])])
+                        else:
+                            parts[k].append(f[k][a:b])
             except (OSError, KeyError) as e:
                 raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
     finally:
         if remote:
             remote.close()
-    out = {k: np.concatenate(v) for k, v in parts.items() if k != "offsets"}
+    out = {
+        k: np.concatenate(v) if v else np.zeros((0,), np.float32)
+        for k, v in parts.items()
+        if k != "offsets"
+    }
     if "offsets" in parts:
-        out["offsets"] = offsets_of(np.concatenate([np.diff(o) for o in parts["offsets"]]))
+        counts = [np.diff(o) for o in parts["offsets"]]
+        out["offsets"] = offsets_of(np.concatenate(counts) if counts else np.zeros(0, np.int64))
     return out
 
 
 def load_split(
-    shard_dir: str | os.PathLike, split: str, opts: ReadOptions | None = None
+    shard_dir: str | os.PathLike,
+    split: str,
+    opts: ReadOptions | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> JetArrays:
-    """Every shard of `split` concatenated, as tensors."""
+    """Every shard of `split` concatenated, as tensors; with `part` = (rank, world) only that
+    rank's contiguous share of the split's jets."""
     index = load_index(shard_dir, opts)
-    cat = load_columns(shard_dir, split, opts=opts, index=index)
+    total = sum(s["jets"] for s in index["splits"].get(split, {}).get("shards", []))
+    rows = share(total, *part) if part != (0, 1) else None
+    cat = load_columns(shard_dir, split, opts=opts, index=index, rows=rows)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
         cat["offsets"],

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,7 +50,7 @@ class JetTask:
         self.dir = str(shard_dir)  # a folder or an fsspec URL
         self.read = read or ReadOptions()
         self.index = load_index(shard_dir, self.read)
-        self.val_data = load_split(shard_dir, "val", self.read)
+        self._val: tuple[tuple[int, int], Any] | None = None  # (rank, world), this rank's share
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
             "n_classes": len(self.index["classes"]),
@@ -59,6 +60,7 @@ class JetTask:
             **model_cfg,
         }
         self.s = s
+        self.experiment = ""  # for the trackers (MLflow's experiment)
         # one stream for the run: read in this process, its buffer serves every epoch (new
         # memory each epoch costs a page fault every 4 KiB, at the epoch boundary)
         self._stream: JetStream | None = None
@@ -108,17 +110,37 @@ class JetTask:
                 b["particles"], b["mask"] = pad_particles(flat, counts, length)
             yield b
 
-    def describe(self, batch) -> str:
+    def provenance(self, batch) -> torch.Tensor:
+        """(shard number, row) of each jet of the batch."""
+        return batch["source"].clone()
+
+    def describe(self, provenance: torch.Tensor) -> str:
         """Which shards and rows a batch came from (for error messages)."""
-        return self._stream.describe(batch)
+        return self._stream.describe({"source": provenance})
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         logits = model(batch["particles"].to(device), batch["mask"].to(device))
         return F.cross_entropy(logits.float(), batch["labels"].to(device)), len(batch["labels"])
 
-    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
-        probs = predict(model, self.val_data, device)
-        m = jet_metrics(probs, self.val_data.labels.numpy(), self.index["classes"])
+    def validation_share(self, rt: Runtime):
+        """This rank's contiguous share of the validation jets, read once (only where used)."""
+        part = (rt.rank, rt.world_size)
+        if self._val is None or self._val[0] != part:
+            self._val = (part, load_split(self.dir, "val", self.read, part=part))
+        return self._val[1]
+
+    def validate(self, model: nn.Module, device: torch.device, rt: Runtime) -> dict[str, float]:
+        """Each rank scores its share of the validation jets; the scores and labels are gathered
+        (in rank order: the split's order) and every rank computes the same metrics."""
+        data = self.validation_share(rt)
+        mine = (predict(model, data, device), data.labels.numpy())
+        parts = [mine]
+        if rt.distributed:
+            parts = [None] * rt.world_size
+            dist.all_gather_object(parts, mine)
+        probs = np.concatenate([p for p, _ in parts])
+        labels = np.concatenate([lab for _, lab in parts])
+        m = jet_metrics(probs, labels, self.index["classes"])
         return {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
 
 
@@ -133,6 +155,7 @@ def run(
     model_cfg = dict(run_config.get("model", {}))
     try:
         task = JetTask(shard_dir, model_cfg, s, ReadOptions.from_config(read))
+        task.experiment = run_config.get("experiment", "")
         return train(task, s, out_dir, rt, rate_key="jets_per_s")
     finally:
         shutdown(rt)

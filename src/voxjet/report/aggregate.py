@@ -20,7 +20,9 @@ COLUMNS = {
     "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro"],
     "volumes": ["dice_mean", "hd95_mean"],
 }
-CSV_FIELDS = ["dataset", "domain", "experiment", "run", "params", "split", "metric", "value"]
+CSV_FIELDS = [
+    "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value"
+]  # fmt: skip
 
 
 @dataclass
@@ -34,32 +36,53 @@ class RunInfo:
     eval_metrics: str
     train_metrics: str
     params: dict[str, Any] = field(default_factory=dict)
+    group: str = ""  # the run's name without its repeat (`_rep-<k>`): repeats share it
+
+    def __post_init__(self) -> None:
+        self.group = self.group or self.run
 
 
 def run_infos(runs) -> list[RunInfo]:
     """RunInfo for each voxjet.config.Run, at the paths the workflow writes them to."""
-    return [
-        RunInfo(
-            dataset=r.dataset,
-            domain=r.domain,
-            experiment=r.experiment,
-            run=r.run_id,
-            params=r.params,
-            eval_metrics=f"{r.run_dir}/eval/metrics.json",
-            train_metrics=f"{r.run_dir}/metrics.jsonl",
+    out = []
+    for r in runs:
+        repeat = r.params.get("repeat", 0)
+        out.append(
+            RunInfo(
+                dataset=r.dataset,
+                domain=r.domain,
+                experiment=r.experiment,
+                run=r.run_id,
+                params={k: v for k, v in r.params.items() if k != "repeat"},
+                eval_metrics=f"{r.run_dir}/eval/metrics.json",
+                train_metrics=f"{r.run_dir}/metrics.jsonl",
+                group=r.run_id.removesuffix(f"_rep-{repeat}") if repeat else r.run_id,
+            )
         )
-        for r in runs
-    ]
+    return out
 
 
-def runs_from_config(config_path: str | os.PathLike) -> list[RunInfo]:
+def write_runs(path: str | os.PathLike, runs: list[RunInfo]) -> None:
+    """The runs to aggregate as a JSON file (what `voxjet aggregate --runs @file` reads: a
+    command line holding thousands of runs would pass Linux's argument limit)."""
+    from dataclasses import asdict
+
+    from voxjet.io.atomic import write_json
+
+    write_json(Path(path), [asdict(r) for r in runs])
+
+
+def runs_from_config(
+    config_path: str | os.PathLike, schema_path: str | os.PathLike = "config/schema.yaml"
+) -> list[RunInfo]:
     """Every run a workflow config defines (for summarising by hand after some runs failed:
-    those are then listed as missing)."""
+    those are then listed as missing), named as the workflow names them."""
     import yaml
 
-    from voxjet.config import expand_runs
+    from voxjet.config import expand_runs, with_defaults
 
-    return run_infos(expand_runs(yaml.safe_load(Path(config_path).read_text())).values())
+    config = with_defaults(yaml.safe_load(Path(config_path).read_text()), schema_path)
+    return run_infos(expand_runs(config).values())
 
 
 def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
@@ -123,6 +146,7 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
                     "dataset": r.dataset,
                     "domain": r.domain,
                     "experiment": r.experiment,
+                    "group": r.group,
                     "run": r.run,
                     "params": params,
                     "split": split,
@@ -177,7 +201,49 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo]) -> str:
                     + " |"
                 )
         out.append("")
+        out += repeats_markdown([r for r in rows if r["dataset"] == ds], cols)
     return "\n".join(out)
+
+
+def repeat_stats(rows: list[dict[str, Any]], metric: str) -> dict[str, dict[str, float]]:
+    """Per group of repeats (runs differing only in seed) with a value of `metric`: n, mean,
+    std (sample, n − 1), min and max over its runs' test values."""
+    values: dict[str, list[float]] = {}
+    for r in rows:
+        if r["split"] == "test" and r["metric"] == metric and not math.isnan(r["value"]):
+            values.setdefault(r["group"], []).append(float(r["value"]))
+    out = {}
+    for g, v in values.items():
+        n = len(v)
+        mean = sum(v) / n
+        std = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1)) if n > 1 else float("nan")
+        out[g] = {"n": n, "mean": mean, "std": std, "min": min(v), "max": max(v)}
+    return out
+
+
+def repeats_markdown(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
+    """A table of the groups with several repeats: mean ± std (min–max) of each column."""
+    stats = {c: repeat_stats(rows, c) for c in cols}
+    groups = sorted(g for g, st in stats[cols[0]].items() if st["n"] > 1)
+    if not groups:
+        return []
+    out = [
+        "### Repeats (runs that differ only in seed): mean ± std (min–max)",
+        "",
+        "| group | n | " + " | ".join(cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for g in groups:
+        cells = []
+        for c in cols:
+            st = stats[c].get(g)
+            cells.append(
+                "–"
+                if st is None
+                else f"{_fmt(st['mean'])} ± {_fmt(st['std'])} ({_fmt(st['min'])}–{_fmt(st['max'])})"
+            )
+        out.append(f"| {g} | {stats[cols[0]][g]['n']} | " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def _rank_value(v: float | None, higher: bool) -> float:
@@ -248,6 +314,19 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
                 )
                 names.append(f"{stem}-dice.png")
             val_metric = "score"
+        groups: dict[str, list[float]] = {}
+        for r in rs:
+            v = flatten_eval(metrics[r.run]).get(HEADLINE[domain][0])
+            if v is not None and not math.isnan(v):
+                groups.setdefault(r.group, []).append(v)
+        if any(len(v) > 1 for v in groups.values()):
+            figures.repeat_spread(
+                fig_dir / f"{stem}-repeats.png",
+                f"{ds}: {HEADLINE[domain][0]} over repeats (mean ± std, range)",
+                groups,
+                HEADLINE[domain][0],
+            )
+            names.append(f"{stem}-repeats.png")
         if any(logs.values()):
             figures.training_curves(
                 fig_dir / f"{stem}-training.png",

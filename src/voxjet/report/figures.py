@@ -119,6 +119,25 @@ def dice_boxes(
     save_figure(fig, path)
 
 
+def repeat_spread(
+    path: Path, title: str, groups: Mapping[str, Sequence[float]], metric: str
+) -> None:
+    """Each group's runs (repeats with other seeds) as points, with their mean ± std."""
+    plt = pyplot()
+    names = sorted(groups)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 2), 3.6))
+    for i, g in enumerate(names):
+        v = np.asarray(groups[g], float)
+        ax.scatter(np.full(len(v), i), v, s=14, alpha=0.6, color="tab:blue")
+        if len(v) > 1:
+            ax.errorbar(i + 0.15, v.mean(), yerr=v.std(ddof=1), fmt="o", color="black", capsize=4)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(f"{metric} (test)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    save_figure(fig, path)
+
+
 def training_curves(
     path: Path, title: str, logs: Mapping[str, list[dict[str, Any]]], val_metric: str
 ) -> None:

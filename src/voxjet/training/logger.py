@@ -1,15 +1,54 @@
 """metrics.jsonl: one JSON object a logged step, appended and flushed so a killed job keeps
-what it logged; on resume, lines after the checkpoint's step are dropped."""
+what it logged; on resume, lines after the checkpoint's step are dropped, and so is a line
+torn by a kill in mid-write. The same records go to TensorBoard (and MLflow when
+MLFLOW_TRACKING_URI is set), for people who watch runs there."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from voxjet.io.atomic import finite_json
+from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path, finite_json
+
+
+def _parse(path: Path, torn_ok: bool) -> list[dict[str, Any]]:
+    text = path.read_text()
+    lines = text.split("\n")
+    torn = lines[-1] != ""  # a last line without its newline: a write cut short
+    records = []
+    for i, line in enumerate(lines[:-1] if not torn else lines, 1):
+        if not line.strip():
+            continue
+        last = i == len(lines)
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if last and torn and torn_ok:
+                print(f"{path}: dropped a torn last line ({line[:60]!r})", file=sys.stderr)
+                continue
+            raise VoxjetError(
+                f"{path}, line {i}: not a metrics record ({e}: {line[:80]!r}); remove the line "
+                "(or the file, to start the run afresh)"
+            ) from e
+        if last and torn and torn_ok:
+            print(f"{path}: dropped a torn last line", file=sys.stderr)
+            continue
+        records.append(rec)
+    return records
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file; a line that is not one is an error naming the file
+    and the line."""
+    return _parse(Path(path), torn_ok=False)
 
 
 class MetricsLog:
@@ -22,15 +61,13 @@ class MetricsLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def truncate_after(self, step: int) -> None:
-        """Drop records logged after `step` (work the checkpoint does not contain)."""
+        """Drop records logged after `step` (work the checkpoint does not contain) and a last
+        line torn by a kill; any other bad line is an error naming file and line."""
         if not self.enabled or not self.path.exists():
             return
-        keep = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in keep))
+        keep = [r for r in _parse(self.path, torn_ok=True) if r.get("step", 0) <= step]
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in keep))
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (with a wall-clock time stamp)."""
@@ -43,9 +80,66 @@ class MetricsLog:
             f.flush()
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+class Trackers:
+    """TensorBoard event files in `<run>/tensorboard/` (always, on rank 0) and an MLflow run
+    (when MLFLOW_TRACKING_URI is set): the numbers of every metrics.jsonl record, under
+    `train/…` and `val/…`. A resumed run drops what TensorBoard holds past its checkpoint."""
+
+    def __init__(
+        self, run_dir: Path, enabled: bool, resume_step: int, experiment: str, run: str
+    ) -> None:
+        self.tb = self.mlflow = None
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step or None)
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if uri:
+            try:
+                import mlflow
+            except ImportError as e:
+                raise VoxjetError(
+                    f"MLFLOW_TRACKING_URI={uri} asks for MLflow tracking, but mlflow is not "
+                    "installed: pip install 'voxjet[track]' (or unset MLFLOW_TRACKING_URI)"
+                ) from e
+            mlflow.set_tracking_uri(uri)
+            mlflow.set_experiment(experiment or "voxjet")
+            found = mlflow.search_runs(filter_string=f"tags.mlflow.runName = '{run}'")
+            run_id = found["run_id"].iloc[0] if len(found) else None
+            self.mlflow = mlflow
+            mlflow.start_run(run_id=run_id, run_name=run)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """The record's finite numbers as scalars at its step."""
+        step = int(record["step"])
+        prefix = "val" if record.get("split") == "val" else "train"
+        values = {
+            f"{prefix}/{k}": float(v)
+            for k, v in record.items()
+            if k not in ("step", "time", "epoch", "split")
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
+            and math.isfinite(float(v))
+        }
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+        if self.mlflow is not None:
+            self.mlflow.log_metrics({k.replace("/", "_"): v for k, v in values.items()}, step=step)
+
+    def params(self, params: dict[str, Any]) -> None:
+        """The run's settings (MLflow parameters)."""
+        if self.mlflow is not None:
+            flat = {k: str(v)[:500] for k, v in params.items()}
+            self.mlflow.log_params(flat)
+
+    def close(self) -> None:
+        """Flush and close the event file and the MLflow run."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.mlflow is not None:
+            self.mlflow.end_run()
 
 
 class StepTimer:

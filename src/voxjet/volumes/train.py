@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from monai.losses import DiceCELoss
 from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
@@ -36,8 +38,13 @@ class SegTask:
         remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
                   "sizes": case_sizes(self.dir, r)}  # fmt: skip
         self.train_store = CaseStore(self.dir, self.splits["train"], **remote)
-        val = self.splits["val"] or self.splits["train"][:1]
-        self.val_store = CaseStore(self.dir, val, **remote)
+        if not self.splits["val"]:
+            raise VoxjetError(
+                f"{self.dir}/splits.json: the validation split is empty (the best checkpoint "
+                "would be picked on training cases); raise the dataset's volumes.val_fraction "
+                "or add cases"
+            )
+        self.val_store = CaseStore(self.dir, self.splits["val"], **remote)
         self.sampler = PatchSampler(
             self.train_store,
             self.plan["patch_size"],
@@ -55,6 +62,7 @@ class SegTask:
             **model_cfg,
         }
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+        self.experiment = ""  # for the trackers (MLflow's experiment)
 
     def build_model(self) -> nn.Module:
         return build_unet(**self.model_cfg)
@@ -69,9 +77,13 @@ class SegTask:
         for i in range(start, self.iterations):
             yield self.sampler.batch(rt.rank, epoch, i)
 
-    def describe(self, batch) -> str:
+    def provenance(self, batch) -> list[str]:
+        """The case and patch centre of each patch."""
+        return list(batch["source"])
+
+    def describe(self, provenance: list[str]) -> str:
         """Which cases and patch centres a batch came from (for error messages)."""
-        return "patches " + ", ".join(batch["source"])
+        return "patches " + ", ".join(provenance)
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         inputs, target = self.pipeline_batch(batch, device)
@@ -90,15 +102,25 @@ class SegTask:
         sampler's uint8), for the loss and the pipeline schedule."""
         return batch["image"].to(device), batch["label"].to(device).long()
 
-    def validate(self, model: nn.Module, device: torch.device) -> dict[str, float]:
+    def validate(self, model: nn.Module, device: torch.device, rt: Runtime) -> dict[str, float]:
+        """Each rank predicts its share of the validation cases (case i on rank i mod world);
+        the per-case Dice values are gathered and every rank averages them the same way."""
         n = self.plan["num_classes"]
-        dices = {c: [] for c in range(1, n)}
-        for cid in self.val_store.case_ids:
+        mine = {}
+        for cid in self.val_store.case_ids[rt.rank :: rt.world_size]:
             image, label = read_case_arrays(self.val_store.file(cid))
             pred = predict_case(model, image, self.plan["patch_size"], device)
-            for c, m in seg_metrics(pred, label, n).items():
-                if m["present"]:
-                    dices[c].append(m["dice"])
+            mine[cid] = {
+                c: m["dice"] for c, m in seg_metrics(pred, label, n).items() if m["present"]
+            }
+        parts = [mine]
+        if rt.distributed:
+            parts = [None] * rt.world_size
+            dist.all_gather_object(parts, mine)
+        cases = {cid: d for part in parts for cid, d in part.items()}
+        dices = {
+            c: [cases[cid][c] for cid in sorted(cases) if c in cases[cid]] for c in range(1, n)
+        }
         per = {
             f"dice_{self.plan['labels'][str(c)]}": float(np.mean(v)) if v else float("nan")
             for c, v in dices.items()
@@ -119,6 +141,7 @@ def run(
         s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     try:
         task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)
+        task.experiment = run_config.get("experiment", "")
         return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)

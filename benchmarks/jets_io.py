@@ -6,7 +6,9 @@
    the ROOT files and computes and pads the features batch by batch (same batch size, same
    DataLoader workers, both warm: persistent workers, best of two passes; target ≥ 10);
 3. loader jets/s ÷ a raw h5py read of every shard, one process each (target ≥ 0.5: the loader
-   adds little).
+   adds little);
+4. loader jets/s with the shards' checksums verified (fletcher32, every read) ÷ the same shards
+   written without checksums (target ≥ 0.9: verification costs at most a tenth).
 
 The shards store the particles jagged. For a GPU the loader hands out batches as stored (flat
 rows + offsets; the GPU pads them); for a CPU model its workers pad (`pad_to`). Both are
@@ -18,6 +20,7 @@ measured; the weaver-style loader pads in its workers, as weaver does.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import uproot
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from voxjet.io.handover import ReturningLoader
 from voxjet.jets.features import branches_needed, compute_features, variables
@@ -137,7 +142,12 @@ def main() -> None:
                 with h5py.File(d / "shards" / s["file"], "r") as f:
                     yield {k: f[k][...] for k in ("particles", "offsets", "jets", "labels")}
 
+        from unchecked import copy_without_checksums
+
+        plain = copy_without_checksums(d / "shards", d / "unchecked")
+        unchecked = _workers(JetStream(plain, "train", a.batch, seed=0).at(0, 0), a.workers)
         ours, padded, theirs = _rate(loader), _rate(loader_padded), _rate(weaver)
+        on, off = _rate(loader), _rate(unchecked)  # verification on and off, side by side
         # the disk comparison in one process each: the raw read has no workers either
         alone, bare = _rate(lambda: iter(stream)), _rate(raw)
     rows = [
@@ -149,6 +159,8 @@ def main() -> None:
          f"{padded:,.0f} vs {theirs:,.0f} jets/s"),
         ("loader ÷ raw h5py read of the shards (jets/s, one process each)", alone / bare, 0.5,
          f"{alone:,.0f} vs {bare:,.0f} jets/s"),
+        ("loader, checksums verified ÷ shards without checksums (jets/s)", on / off, 0.9,
+         f"{on:,.0f} vs {off:,.0f} jets/s"),
     ]  # fmt: skip
     print(f"{n_jets:,} toy jets in {len(files)} files, up to 128 particles x 17 features")
     for name, ratio, target, detail in rows:

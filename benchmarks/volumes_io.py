@@ -7,6 +7,8 @@
    files alone. Target >= 0.3.
 3. a random patch read from a case file ÷ the same read from an uncompressed memory-mapped
    .npy of the same array. Target >= 0.5.
+4. patches/s of the loader with the case files' checksums verified (fletcher32) ÷ the same case
+   files written without checksums. Target >= 0.9.
 
     .venv/bin/python benchmarks/volumes_io.py [--cases 6] [--shape 192 192 96] [--patch 96 96 48]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,15 +27,22 @@ import numpy as np
 
 
 def bench_loader(
-    cases_dir: Path, msd: Path, case_ids: list[str], patch: list[int], batch: int, n: int
+    cases_dir: Path,
+    msd: Path,
+    case_ids: list[str],
+    patch: list[int],
+    batch: int,
+    n: int,
+    monai: bool = True,
+    cache_bytes: int = 512 << 20,
 ) -> tuple[float, float]:
-    """(voxjet patches/s, MONAI patches/s)."""
+    """(voxjet patches/s, MONAI patches/s or nan); `cache_bytes` 0 decodes on every read."""
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
 
     from voxjet.volumes.patches import CaseStore, PatchSampler
 
-    store = CaseStore(cases_dir, case_ids)
+    store = CaseStore(cases_dir, case_ids, cache_bytes=cache_bytes)
     sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0)
     sampler.batch(0, 0, 0)
     t = time.perf_counter()
@@ -40,6 +50,8 @@ def bench_loader(
         sampler.batch(0, 0, i + 1)
     ours = n * batch / (time.perf_counter() - t)
     store.close()
+    if not monai:
+        return ours, float("nan")
 
     files = [
         {
@@ -151,6 +163,14 @@ def main() -> None:
         ]
         (d / "cases" / "plan.json").write_text("{}")
         ours, monai = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from unchecked import copy_without_checksums
+
+        plain = copy_without_checksums(d / "cases", d / "unchecked")
+        # no decoded-chunk cache: every patch decodes (and verifies) what it reads
+        same = {"monai": False, "cache_bytes": 0}
+        checked = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches, **same)
+        unchecked = bench_loader(plain, msd, ids, a.patch, a.batch, a.batches, **same)
         h5, npy = bench_patch_read(d / "cases", ids[0], d, a.patch, 50)
     rows = [
         (
@@ -170,6 +190,12 @@ def main() -> None:
             npy / h5,
             0.5,
             f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms",
+        ),
+        (
+            "loader patches/s, no cache: checksums verified ÷ case files without them",
+            checked[0] / unchecked[0],
+            0.9,
+            f"{checked[0]:.1f} vs {unchecked[0]:.1f} patches/s",
         ),
     ]
     print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}")

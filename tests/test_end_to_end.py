@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 
 import pytest
@@ -27,7 +28,9 @@ TINY = {
         },
     },
     "experiments": {
-        "pfn": {"train": {"steps": 120, "eval_every": 60, "lr": 0.003}, "launch": {"threads": 1}},
+        "pfn": {"train": {"steps": 120, "eval_every": 60, "lr": 0.002}, "launch": {"threads": 1}},
+        "particlenet": {"train": {"steps": 150, "eval_every": 75}, "launch": {"threads": 1}},
+        "part": {"train": {"steps": 150, "eval_every": 75}, "launch": {"threads": 1}},
         "unet": {
             "model": {"channels": [8, 16, 32, 64]},
             "train": {"steps": 200, "eval_every": 100, "iterations_per_epoch": 25},
@@ -190,6 +193,18 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     restage = run_snakemake(workflow_dir, *README["restage"][1:])
     assert restage.returncode == 0, restage.stderr[-3000:]
     assert set(job_counts(_out(restage))) - {"all"} == {"stage"}
+    for ds in ("toy_jets", "toy_ct"):  # the verified files stayed
+        log = (workflow_dir / "logs" / "stage" / f"{ds}.log").read_text()
+        assert re.search(r"stage: 0 of \d+ files copied", log), log[-500:]
+    # byte-identical shards and manifests retrain nothing
+    after = run_snakemake(workflow_dir, "-n")
+    assert "Nothing to be done" in _out(after), _out(after)[-3000:]
+    # a forced rerun of training trains afresh from step 0 (not the completed checkpoint)
+    target = "results/toy_jets/runs/pfn_lr-0.003/model.pt"
+    forced = run_snakemake(workflow_dir, "-R", "train_jets", target)  # this run's job alone
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    log = (workflow_dir / "logs" / "train_jets" / "toy_jets" / "pfn_lr-0.003.log").read_text()
+    assert "a forced rerun trains afresh" in log and "resumed from" not in log
     retrain = run_snakemake(workflow_dir, *README["rerun-train"][1:], "-n")
     assert retrain.returncode == 0, retrain.stderr[-3000:]
     jobs = job_counts(_out(retrain))

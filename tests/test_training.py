@@ -205,11 +205,13 @@ def test_evaluation_refuses_foreign_or_broken_checkpoints(shards, tmp_path):
 
     run(str(shards), {"model": MODEL, "train": _settings(steps=10)}, str(tmp_path / "ok"))
     saved = torch.load(tmp_path / "ok" / "model.pt", weights_only=True)
+    saved.pop("_sha256")  # models of another run, saved without voxjet's digest
     saved["model_config"]["classes"] = ["QCD", "Zqq"]
     torch.save(saved, tmp_path / "other.pt")
     with pytest.raises(VoxjetError, match=r"other\.pt: trained for classes \['QCD', 'Zqq'\]"):
         evaluate(str(shards), str(tmp_path / "other.pt"), str(tmp_path / "e1"))
     saved = torch.load(tmp_path / "ok" / "model.pt", weights_only=True)
+    saved.pop("_sha256")
     saved["model_config"]["phi_sizes"] = [8, 8]
     torch.save(saved, tmp_path / "arch.pt")
     with pytest.raises(VoxjetError, match=r"arch\.pt: weights do not fit"):

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from voxjet.config import from_dict, parse_json_arg
 from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path
 
 
 def _synth_jets(a: argparse.Namespace) -> None:
@@ -22,30 +23,29 @@ def _synth_jets(a: argparse.Namespace) -> None:
     )
     if a.generator not in ("pythia", "toy"):
         raise VoxjetError(f"generator {a.generator!r}: use 'pythia' or 'toy'")
-    if a.generator == "pythia":
-        from voxjet.jets.pythia import generate_dataset as pythia_dataset
-        from voxjet.jets.pythia import missing
-
-        why = missing()
-        if why is None:
-            pythia_dataset(a.out, cfg, workers=a.workers)
-            return
-        # the demo still runs where no pythia8mc wheel exists (aarch64, CPython 3.14)
-        print(
-            f"synth-jets: {why}. Generating the jets with the toy generator instead.",
-            file=sys.stderr,
-        )
+    from voxjet.jets.pythia import generate_dataset as pythia_dataset
+    from voxjet.jets.pythia import missing
     from voxjet.jets.synth import generate_dataset
 
-    generate_dataset(a.out, cfg)
+    why = missing() if a.generator == "pythia" else None
+    if why:  # the demo still runs where no pythia8mc wheel exists (aarch64, CPython 3.14)
+        print(f"synth-jets: {why}. Generating the jets with the toy generator instead.",
+              file=sys.stderr)  # fmt: skip
+    # the whole folder appears at once: a killed job leaves none that passes for complete
+    with atomic_path(a.out, directory=True) as tmp:
+        if a.generator == "pythia" and not why:
+            pythia_dataset(tmp, cfg, workers=a.workers)
+        else:
+            generate_dataset(tmp, cfg)
 
 
 def _synth_volumes(a: argparse.Namespace) -> None:
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
-    generate_dataset(
-        a.out, ToyVolumesConfig(train_cases=a.train_cases, test_cases=a.test_cases, seed=a.seed)
-    )
+    with atomic_path(a.out, directory=True) as tmp:  # all cases or none
+        generate_dataset(
+            tmp, ToyVolumesConfig(train_cases=a.train_cases, test_cases=a.test_cases, seed=a.seed)
+        )
 
 
 def _stage(a: argparse.Namespace) -> None:
@@ -320,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run a subcommand; user errors print one clear line and exit 2."""
     args = build_parser().parse_args(argv)
+    from voxjet.distributed.lifeline import die_with_parent, under_launcher
+
+    if under_launcher():  # a torchrun worker: never outlive the agent (a SIGKILLed job)
+        die_with_parent()
     try:
         args.func(args)
     except VoxjetError as e:

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path
 
 LOCAL_PACKAGE = "-e .."  # envs/voxjet.yaml installs the checkout it sits in
 
@@ -42,7 +43,6 @@ def conda_env_file(
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"voxjet-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
     if not path.is_file() or path.read_text() != text:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
     return path

@@ -1,5 +1,6 @@
 # Helpers for the rules: config checks and input functions. Logic stays in the voxjet package.
 import dataclasses
+import hashlib
 import json
 import re
 import shlex
@@ -10,6 +11,7 @@ from snakemake.settings.types import DeploymentMethod
 from voxjet.config import check_config, check_sources, expand_runs
 from voxjet.errors import VoxjetError
 from voxjet.report.aggregate import run_infos
+from voxjet.stage.transfer import list_sources
 from voxjet.workflow_env import conda_env_file
 
 
@@ -67,13 +69,40 @@ def is_synthetic(name):
     return "synthetic" in dataset_cfg(name)["source"]
 
 
+def stage_patterns(name):
+    ds = dataset_cfg(name)
+    return ds["source"].get("patterns", ["*.root"] if ds["domain"] == "jets" else ["*"])
+
+
+def local_source_files(name):
+    """The files of a local source.path (none for a URL, a file list or generated data)."""
+    path = dataset_cfg(name)["source"].get("path")
+    if not path or "://" in path:
+        return []
+    try:
+        return list_sources(path, stage_patterns(name))[1]
+    except VoxjetError as e:
+        raise WorkflowError(f"datasets.{name}.source.path: {e}")
+
+
 def stage_input(wildcards):
     """Generated datasets come from their synth rule; a file list is an input (editing it
-    restages); a source.path is read where it lies."""
+    restages); a local source.path's files are inputs, so a changed file restages (the stage
+    copies only what changed)."""
     source = dataset_cfg(wildcards.dataset)["source"]
     if is_synthetic(wildcards.dataset):
         return f"resources/synthetic/{wildcards.dataset}"
-    return source.get("file_list", [])
+    if "file_list" in source:
+        return source["file_list"]
+    return [f.url.removeprefix("file://") for f in local_source_files(wildcards.dataset)]
+
+
+def source_state(wildcards):
+    """Size and modification time of each local source file: a file replaced by one with an
+    older time (where Snakemake's mtime check looks away) still restages."""
+    files = local_source_files(wildcards.dataset)
+    blob = json.dumps([(f.relpath, f.size, f.stamp) for f in files])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16] if files else ""
 
 
 def stage_source(wildcards):
@@ -89,8 +118,7 @@ def stage_source(wildcards):
 def stage_options(wildcards):
     """Patterns, checksum manifest and (for ROOT) the tree whose entries the manifest records."""
     ds = dataset_cfg(wildcards.dataset)
-    default = ["*.root"] if ds["domain"] == "jets" else ["*"]
-    opts = ["--pattern", *ds["source"].get("patterns", default)]
+    opts = ["--pattern", *stage_patterns(wildcards.dataset)]
     if ds["source"].get("checksums"):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":

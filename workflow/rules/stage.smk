@@ -10,6 +10,7 @@ rule stage:
         source=stage_source,
         dest=lambda wildcards: f"resources/{wildcards.dataset}/data",
         options=stage_options,
+        sources=source_state,
         workers=config["stage"]["workers"],
         retries=config["stage"]["retries"],
     log:

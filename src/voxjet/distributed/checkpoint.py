@@ -3,6 +3,7 @@ turn into a checkpoint plus a distinct exit code instead of lost work."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -53,10 +54,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+DIGEST = "_sha256"  # a checkpoint's digest of its own content (torch.load checks no CRC)
+
+
+def content_digest(obj: Any) -> str:
+    """sha256 over a checkpoint's content: keys, numbers, strings and every tensor's bytes, in
+    a fixed order (the same for the object saved and the object loaded back)."""
+    h = hashlib.sha256()
+
+    def feed(o: Any) -> None:
+        if isinstance(o, dict):
+            for k in sorted(o, key=str):
+                if k != DIGEST:
+                    h.update(f"<{k!s}>".encode())
+                    feed(o[k])
+        elif isinstance(o, list | tuple):
+            h.update(f"[{len(o)}".encode())
+            for v in o:
+                feed(v)
+        elif torch.is_tensor(o):
+            t = o.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(o).encode())
+
+    feed(obj)
+    return h.hexdigest()
+
+
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """torch.save to a temporary name, then rename: a kill never leaves half a checkpoint."""
+    """torch.save to a temporary name, then rename (a kill never leaves half a checkpoint),
+    with a digest of the content that loading checks (a damaged file is refused, not used)."""
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        torch.save({**state, DIGEST: content_digest(state)}, tmp)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -79,6 +111,13 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         ) from e
     if not isinstance(state, dict) or "model" not in state:
         raise VoxjetError(f"{path}: not a voxjet checkpoint (no model state); delete it")
+    want = state.pop(DIGEST, None)
+    if want is not None and content_digest(state) != want:
+        raise VoxjetError(
+            f"{path}: its content does not match the checksum it was saved with: the file was "
+            "damaged or changed after it was written; delete it (a training run then starts "
+            "afresh, or resumes from a kept checkpoint) or rerun the rule that writes it"
+        )
     return state
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 
+from voxjet.distributed.lifeline import die_with_parent
 from voxjet.errors import VoxjetError
 
 
@@ -173,15 +174,15 @@ def run_torchrun(
         flush=True,
     )
     print("launch:", " ".join(argv), file=sys.stderr, flush=True)
+
     # torchrun's agent would die of a SIGUSR1 sent to every process of the job step (as
     # `sbatch --signal=USR1@T` does); ignored there, it is inherited as ignored by nothing that
     # matters: the training processes install their own handler and checkpoint.
-    proc = subprocess.Popen(
-        argv,
-        env=env,
-        close_fds=False,
-        preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
-    )
+    def child_setup() -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        die_with_parent()  # torchrun (and through it the training processes) dies with us
+
+    proc = subprocess.Popen(argv, env=env, close_fds=False, preexec_fn=child_setup)
     stopped: list[int] = []
 
     def forward(signum, frame) -> None:

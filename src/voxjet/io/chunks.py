@@ -44,8 +44,9 @@ class ChunkCache:
 class ChunkedArray:
     """A chunked h5py dataset read box by box through a ChunkCache."""
 
-    def __init__(self, dset, cache: ChunkCache, key: Hashable) -> None:
+    def __init__(self, dset, cache: ChunkCache, key: Hashable, where: str = "") -> None:
         self.dset = dset
+        self.where = where or f"{dset.file.filename}:{dset.name}"  # named in errors
         self.shape = tuple(dset.shape)
         self.dtype = dset.dtype
         self.chunks = tuple(dset.chunks or dset.shape)
@@ -73,9 +74,15 @@ class ChunkedArray:
         return out
 
     def _decode(self, idx: tuple[int, ...]) -> np.ndarray:
-        return self.dset[
-            tuple(
-                slice(i * c, min((i + 1) * c, s))
-                for i, c, s in zip(idx, self.chunks, self.shape, strict=True)
-            )
-        ]
+        box = tuple(
+            slice(i * c, min((i + 1) * c, s))
+            for i, c, s in zip(idx, self.chunks, self.shape, strict=True)
+        )
+        try:
+            return self.dset[box]
+        except (OSError, RuntimeError, ValueError) as e:
+            from voxjet.io.integrity import corrupt_error
+
+            raise corrupt_error(
+                self.where, f"{self.dset.name} chunk {idx}", "preprocess_case", e
+            ) from e

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
+from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles, is_url, read_json_at
 from voxjet.jets.jagged import offsets_of, pad_particles, ragged_arange
 
@@ -110,7 +111,7 @@ def load_columns(
                         else:
                             parts[k].append(f[k][a:b])
             except (OSError, KeyError) as e:
-                raise VoxjetError(f"{path}: unreadable shard ({e}); rerun the shard stage") from e
+                raise corrupt_error(path, f"{split} jets {a}-{b}", "shard_jets", e) from e
     finally:
         if remote:
             remote.close()

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import awkward as ak
 import h5py
-import hdf5plugin
 import numpy as np
 import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.io.integrity import checked_lz4
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
@@ -36,8 +36,9 @@ from voxjet.jets.features import (
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.progress import progress
 
-# 2: particles stored jagged (flat rows + offsets); 1 stored them padded
-FORMAT_VERSION = 2
+# 3: a fletcher32 checksum a chunk; 2: particles stored jagged (flat rows + offsets); 1 stored
+# them padded
+FORMAT_VERSION = 3
 SHARD_KEYS = ("particles", "jets", "labels")
 SPLITS = ("train", "val", "test")
 
@@ -254,8 +255,8 @@ def _entries(path: Path, tree, manifest_entry: dict) -> int:
 
 def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) -> None:
     """One shard: particles [M, F] (the jets' real particles, flat), offsets [N + 1] into them,
-    jets [N, J], labels [N]; chunked along the rows, LZ4-compressed."""
-    comp = hdf5plugin.LZ4()
+    jets [N, J], labels [N]; chunked along the rows, LZ4-compressed, a checksum a chunk."""
+    comp = checked_lz4()
     with h5py.File(path, "w") as f:
         # chunks of ~1 MB: a loader block of 2048 jets reads a few whole chunks
         for key, rows in (
@@ -322,8 +323,11 @@ def shard_part(
                 lo, hi = n * part // parts, n * (part + 1) // parts
                 data = _read_range(path, tree, v, cfg, branches, lo, hi)
         except BadFile as e:
+            source = entry.get("source", "")
+            if source and source.removeprefix("file://") != str(path):
+                e = BadFile(f"{e} [the staged copy of your file {source}]")  # noqa: PLW2901
             if cfg.on_bad_file == "fail":
-                raise
+                raise e from e.__cause__
             print(f"skipping: {e}", file=sys.stderr)
             skipped.append({"file": entry["path"], "reason": str(e)})
             continue

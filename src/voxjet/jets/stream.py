@@ -28,6 +28,7 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.handover import SharedSlabs, fresh_batch
+from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
 from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, pad_rows, take_rows
@@ -252,8 +253,8 @@ class JetStream(torch.utils.data.IterableDataset):
             try:
                 sh = files[block.shard] = self._open(block.shard)
             except (OSError, KeyError) as e:
-                raise VoxjetError(
-                    f"{self.url}/{block.shard}: unreadable shard ({e}); rerun the shard stage"
+                raise corrupt_error(
+                    f"{self.url}/{block.shard}", "the shard", "shard_jets", e
                 ) from e
             while len(files) > max(2, self.buffer_blocks):  # bounded open files / memory
                 files.popitem(last=False)[1].file.close()
@@ -274,10 +275,8 @@ class JetStream(torch.utils.data.IterableDataset):
                     a["particles"], np.s_[off[0] : off[-1]], np.s_[p : p + m]
                 )
         except (OSError, TypeError) as e:
-            raise VoxjetError(
-                f"{self.url}/{block.shard}: jets {block.start}-{block.stop} unreadable ({e}); "
-                "rerun the shard stage"
-            ) from e
+            where = f"{self.url}/{block.shard}"
+            raise corrupt_error(where, f"jets {block.start}-{block.stop}", "shard_jets", e) from e
         a["offsets"][j + 1 : j + n + 1] = off[1:] - off[0] + p
         # where each jet came from, for error messages: (shard number, row)
         a["source"][j : j + n, 0] = sh.number

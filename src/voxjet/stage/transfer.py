@@ -1,11 +1,20 @@
 """Copy files from a local path, glob or fsspec URL into a staging folder: several in flight,
-retries with backoff, write to a temporary name, verify, rename; a rerun skips verified files."""
+retries with backoff, write to a temporary name, verify, rename; a rerun skips verified files.
+
+What was verified is kept in a ledger inside the staging folder (`.verified.json`: each file's
+size, modification time and checksum, and its source's size and modification time or ETag), not
+only in the manifest: Snakemake deletes the manifest before a forced rerun (`--forcerun stage`),
+and the ledger lets that rerun skip every file still as it was verified. A source file that
+changed (size, modification time or ETag) is copied again; nothing else is."""
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -14,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import fsspec
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import read_json, write_json
+from voxjet.io.atomic import atomic_path, read_json, write_json
 from voxjet.progress import Progress
 from voxjet.stage.checksum import CHUNK, algorithm_for, checksum_file, new_hasher
 
@@ -23,11 +32,23 @@ MANIFEST_VERSION = 1
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One file to stage: where it is read from and where it lands relative to the stage root."""
+    """One file to stage: where it is read from and where it lands relative to the stage root;
+    `stamp` tells a changed source apart (modification time, or the store's ETag/checksum)."""
 
     url: str
     relpath: str
     size: int
+    stamp: str = ""
+
+
+def _stamp(info: dict) -> str:
+    for key in ("ETag", "etag", "checksum", "mtime", "LastModified", "last_modified", "created"):
+        if info.get(key) not in (None, ""):
+            return f"{key}={info[key]}"
+    return ""
+
+
+LEDGER = ".verified.json"
 
 
 def _is_glob(path: str) -> bool:
@@ -61,7 +82,8 @@ def list_sources(
             continue
         if not any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in patterns):
             continue
-        files.append(SourceFile(url=fs.unstrip_protocol(p), relpath=rel, size=int(info["size"])))
+        url = fs.unstrip_protocol(p)
+        files.append(SourceFile(url=url, relpath=rel, size=int(info["size"]), stamp=_stamp(info)))
     if not files:
         raise VoxjetError(
             f"source {source!r} has no files matching {patterns}: check source.path "
@@ -92,10 +114,12 @@ def list_from_file(list_path: str | os.PathLike, patterns: list[str]) -> list[So
             continue
         fs, p = fsspec.core.url_to_fs(url)
         try:
-            size = int(fs.info(p)["size"])
+            info = fs.info(p)
         except FileNotFoundError as e:
             raise VoxjetError(f"{path}: listed file {url!r} does not exist") from e
-        files.append(SourceFile(url=fs.unstrip_protocol(p), relpath=name, size=size))
+        files.append(
+            SourceFile(fs.unstrip_protocol(p), name, int(info["size"]), stamp=_stamp(info))
+        )
     if not files:
         raise VoxjetError(f"{path}: lists no files matching {patterns}")
     return files
@@ -109,33 +133,29 @@ def _copy_verified(
     backoff: float,
 ) -> str:
     algorithm = algorithm_for(src.relpath)
-    tmp = dest.with_name(f".{dest.name}.part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     last_error: Exception | None = None
     for attempt in range(retries + 1):
         try:
-            h = new_hasher(algorithm)
-            # each URL opens with its own protocol: a file list may mix local and remote
-            with fsspec.open(src.url, "rb") as fin, open(tmp, "wb") as fout:
-                while chunk := fin.read(CHUNK):
-                    h.update(chunk)
-                    fout.write(chunk)
-            digest = h.hexdigest()
-            if tmp.stat().st_size != src.size:
-                raise OSError(f"size {tmp.stat().st_size} != {src.size} at the source")
-            if expected is not None and digest != expected:
-                raise VoxjetError(
-                    f"{src.url}: {algorithm} {digest} does not match the manifest's {expected}; "
-                    "the source file is corrupt or the manifest is stale"
-                )
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:
+                h = new_hasher(algorithm)
+                # each URL opens with its own protocol: a file list may mix local and remote
+                with fsspec.open(src.url, "rb") as fin, open(tmp, "wb") as fout:
+                    while chunk := fin.read(CHUNK):
+                        h.update(chunk)
+                        fout.write(chunk)
+                digest = h.hexdigest()
+                if tmp.stat().st_size != src.size:
+                    raise OSError(f"size {tmp.stat().st_size} != {src.size} at the source")
+                if expected is not None and digest != expected:
+                    raise VoxjetError(
+                        f"{src.url}: {algorithm} {digest} does not match the manifest's "
+                        f"{expected}; the source file is corrupt or the manifest is stale"
+                    )
             return digest
         except VoxjetError:
-            tmp.unlink(missing_ok=True)
             raise
         except OSError as e:
             last_error = e
-            tmp.unlink(missing_ok=True)
             if attempt < retries:
                 time.sleep(backoff * 2**attempt)
     raise VoxjetError(f"{src.url}: copy failed after {retries + 1} tries: {last_error}")
@@ -183,20 +203,27 @@ def stage(
     if Path(manifest_path).is_file():
         previous = {f["path"]: f for f in read_json(manifest_path).get("files", [])}
     expected = expected or {}
+    ledger = Ledger(dest / LEDGER)
+    copied: list[str] = []
 
     def one(src: SourceFile) -> dict:
         target = dest / src.relpath
         algorithm = algorithm_for(src.relpath)
         want = expected.get(src.relpath)
-        prev = previous.get(src.relpath)
-        digest = None
-        if target.is_file() and target.stat().st_size == src.size:
-            known = want or (prev or {}).get("checksum", {}).get(algorithm)
+        digest = ledger.unchanged(src, target, algorithm)
+        if digest is not None and want is not None and digest != want:
+            digest = None  # verified against another expectation: check again
+        fresh = not ledger.source_changed(src)  # a changed source is copied again
+        if digest is None and fresh and target.is_file() and target.stat().st_size == src.size:
+            prev = previous.get(src.relpath) or {}
+            known = want or prev.get("checksum", {}).get(algorithm) or ledger.checksum(src)
             if known is not None:
                 got = checksum_file(str(target), algorithm)
                 digest = got if got == known else None
         if digest is None:
             digest = _copy_verified(src, target, want, retries, backoff)
+            copied.append(src.relpath)
+        ledger.record(src, target, algorithm, digest)
         record = {
             "path": src.relpath,
             "source": src.url,
@@ -210,16 +237,102 @@ def stage(
 
     records = []
     bar = Progress(len(files), f"stage {Path(dest).name}", "file")
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(one, f): f for f in files}
-        for fut in as_completed(futures):
-            records.append(fut.result())
-            bar.update(1)
-    bar.close()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(one, f): f for f in files}
+            for fut in as_completed(futures):
+                records.append(fut.result())
+                bar.update(1)
+    finally:
+        ledger.save()  # what was verified survives a failure or a kill of the rest
+        bar.close()
+    print(
+        f"stage: {len(copied)} of {len(files)} files copied, the rest already verified",
+        file=sys.stderr,
+    )
     records.sort(key=lambda r: r["path"])
     manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
     write_json(manifest_path, manifest)
     return manifest
+
+
+class Ledger:
+    """The staging folder's record of verified files (see the module's docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.entries: dict[str, dict] = {}
+        self.last_save = time.monotonic()
+        try:
+            self.entries = json.loads(path.read_text()).get("files", {})
+        except (OSError, ValueError, AttributeError):
+            self.entries = {}  # none yet, or unreadable: files are checked by their content
+
+    def checksum(self, src: SourceFile) -> str | None:
+        """The checksum a file of this source was verified with, whatever its state now."""
+        e = self.entries.get(src.relpath) or {}
+        return (
+            next(iter(e.get("checksum", {}).values()), None) if e.get("source") == src.url else None
+        )
+
+    def source_changed(self, src: SourceFile) -> bool:
+        """True when the source differs (size, time or ETag) from the one verified before."""
+        e = self.entries.get(src.relpath)
+        if not e:
+            return False
+        if e.get("source") != src.url or e.get("source_size") != src.size:
+            return True
+        return bool(src.stamp) and e.get("source_stamp") != src.stamp
+
+    def unchanged(self, src: SourceFile, target: Path, algorithm: str) -> str | None:
+        """The verified checksum when neither the source nor the staged copy changed since."""
+        e = self.entries.get(src.relpath)
+        if not e or self.source_changed(src):
+            return None
+        try:
+            st = target.stat()
+        except OSError:
+            return None
+        if st.st_size != e.get("size") or st.st_mtime_ns != e.get("mtime_ns"):
+            return None
+        return e.get("checksum", {}).get(algorithm)
+
+    def record(self, src: SourceFile, target: Path, algorithm: str, digest: str) -> None:
+        """Note a verified file (saved every few seconds, and at the end)."""
+        st = target.stat()
+        with self.lock:
+            self.entries[src.relpath] = {
+                "source": src.url,
+                "source_size": src.size,
+                "source_stamp": src.stamp,
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "checksum": {algorithm: digest},
+            }
+            if time.monotonic() - self.last_save > 5:
+                self._write()
+
+    def save(self) -> None:
+        """Write the ledger now."""
+        with self.lock:
+            self._write()
+
+    def _write(self) -> None:
+        self.last_save = time.monotonic()
+        if self.entries:
+            write_json(self.path, {"version": 1, "files": self.entries})
+
+
+def name_sources(text: str, manifest: dict) -> str:
+    """A message about staged files with each one's own source named beside it (the user
+    knows their files, not `resources/<dataset>/data/...`)."""
+    root = str(manifest.get("root", "")).rstrip("/")
+    for f in manifest.get("files", []):
+        staged, source = f"{root}/{f['path']}", f.get("source", "")
+        if staged in text and source and source.removeprefix("file://") != staged:
+            text = text.replace(staged, f"{staged} [your {source}]", 1)
+    return text
 
 
 def load_expected(path: str | None) -> dict[str, str]:

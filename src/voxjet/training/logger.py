@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import atomic_path, finite_json
+from voxjet.io.atomic import atomic_path, disk_full_error, finite_json, is_disk_full
 
 
 def _parse(path: Path, torn_ok: bool) -> list[dict[str, Any]]:
@@ -75,9 +75,14 @@ class MetricsLog:
             return
         clean = finite_json(record)
         clean.setdefault("time", time.time())
-        with open(self.path, "a") as f:
-            f.write(json.dumps(clean, allow_nan=False) + "\n")
-            f.flush()
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(clean, allow_nan=False) + "\n")
+                f.flush()
+        except OSError as e:
+            if is_disk_full(e, self.path.parent):
+                raise disk_full_error(self.path, e) from e
+            raise
 
 
 class Trackers:

@@ -27,6 +27,7 @@ from voxjet.distributed import checkpoint
 from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.lock import RunLock
 from voxjet.io.prefetch import prefetch
 from voxjet.progress import Progress
 from voxjet.training import identity
@@ -419,19 +420,18 @@ class Trainer:
             "model": state.model.state_dict(),
             "step": state.step,
         }
-        with atomic_path(self.run_dir / "model.pt") as tmp:
-            torch.save(
-                {
-                    "model": best["model"],
-                    "best_step": best["step"],
-                    "best_score": state.best,
-                    "model_config": self.task.model_config(),
-                    "settings": asdict(self.s),
-                    "world_size": rt.world_size,
-                    "rank_param_digests": digests,
-                },
-                tmp,
-            )
+        checkpoint.save(
+            self.run_dir / "model.pt",
+            {
+                "model": best["model"],
+                "best_step": best["step"],
+                "best_score": state.best,
+                "model_config": self.task.model_config(),
+                "settings": asdict(self.s),
+                "world_size": rt.world_size,
+                "rank_param_digests": digests,
+            },
+        )
         with atomic_path(self.run_dir / "metrics.jsonl") as tmp:
             shutil.copyfile(self.ckpt_dir / "metrics.jsonl", tmp)
         write_json(self.ckpt_dir / identity.COMPLETE, {"step": state.step})
@@ -441,6 +441,14 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to `steps`: set-up, resume, then step after step with logging, validation and
         checkpoints at their intervals, and the export at the end."""
+        lock = RunLock(self.run_dir).acquire() if self.rt.is_main else None
+        try:
+            return self._fit()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _fit(self) -> dict[str, Any]:
         s, rt = self.s, self.rt
         state = self.setup()
         self.resume(state)

@@ -72,4 +72,9 @@ def seg_metrics(
 
 def read_case_arrays(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
     """The whole preprocessed image and label of an open case file."""
-    return f["image"][...], f["label"][...]
+    try:
+        return f["image"][...], f["label"][...]
+    except (OSError, RuntimeError, ValueError) as e:
+        from voxjet.io.integrity import corrupt_error
+
+        raise corrupt_error(f.filename, "the case's image or label", "preprocess_case", e) from e

@@ -17,7 +17,11 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.chunks import ChunkCache, ChunkedArray
 from voxjet.io.fetch import FetchConfig
+from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
+
+# 2: a fletcher32 checksum a chunk (1: none); written by voxjet.volumes.preprocess
+CASE_FORMAT = 2
 
 
 def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int]:
@@ -89,24 +93,31 @@ class CaseStore:
         return h5py.File(self._url_files.take(f"{case_id}.h5"), "r")
 
     def file(self, case_id: str) -> h5py.File:
-        """The open HDF5 file of a case."""
+        """The open HDF5 file of a case (of the format this voxjet reads)."""
         if case_id not in self._files:
             path = f"{self.url}/{case_id}.h5"
             try:
-                self._files[case_id] = self._open(case_id)
+                f = self._open(case_id)
             except OSError as e:
+                raise corrupt_error(path, "the case file", "preprocess_case", e) from e
+            version = f.attrs.get("format_version")
+            if version != CASE_FORMAT:
+                f.close()
                 raise VoxjetError(
-                    f"{path}: unreadable case file ({e}); rerun its preprocess_case job"
-                ) from e
+                    f"{path}: a case file of format {version}, this voxjet reads format "
+                    f"{CASE_FORMAT}; rerun preprocessing (snakemake -R plan_volumes)"
+                )
+            self._files[case_id] = f
         return self._files[case_id]
 
     def volumes(self, case_id: str) -> tuple[ChunkedArray, ChunkedArray]:
         """Image [C, X, Y, Z] and label [X, Y, Z] of a case, read through the chunk cache."""
         if case_id not in self._volumes:
             f = self.file(case_id)
+            where = f"{self.url}/{case_id}.h5"
             self._volumes[case_id] = (
-                ChunkedArray(f["image"], self.cache, (case_id, "image")),
-                ChunkedArray(f["label"], self.cache, (case_id, "label")),
+                ChunkedArray(f["image"], self.cache, (case_id, "image"), where),
+                ChunkedArray(f["label"], self.cache, (case_id, "label"), where),
             )
         return self._volumes[case_id]
 
@@ -115,9 +126,13 @@ class CaseStore:
         if case_id not in self._foreground:
             f = self.file(case_id)
             groups = f["foreground"] if "foreground" in f else {}
-            self._foreground[case_id] = [
-                groups[k][...] for k in sorted(groups) if groups[k].shape[0] > 0
-            ]
+            try:
+                self._foreground[case_id] = [
+                    groups[k][...] for k in sorted(groups) if groups[k].shape[0] > 0
+                ]
+            except (OSError, RuntimeError, ValueError) as e:
+                where = f"{self.url}/{case_id}.h5"
+                raise corrupt_error(where, "its foreground samples", "preprocess_case", e) from e
         return self._foreground[case_id]
 
     def close(self) -> None:

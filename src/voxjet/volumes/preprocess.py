@@ -11,17 +11,20 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h5py
-import hdf5plugin
 import nibabel as nib
 import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.io.integrity import checked_lz4
 from voxjet.progress import progress
+from voxjet.stage.transfer import name_sources
 from voxjet.volumes.geometry import (
     as_tensor,
     from_ras,
@@ -33,8 +36,7 @@ from voxjet.volumes.geometry import (
 )
 from voxjet.volumes.memory import plan_patch_and_batch
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
-
-FORMAT_VERSION = 1
+from voxjet.volumes.patches import CASE_FORMAT
 
 
 @dataclass
@@ -318,8 +320,8 @@ def preprocess_case(
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("image", data=image, chunks=(1, *chunks), **hdf5plugin.LZ4())
-        f.create_dataset("label", data=label, chunks=chunks, **hdf5plugin.LZ4())
+        f.create_dataset("image", data=image, chunks=(1, *chunks), **checked_lz4())
+        f.create_dataset("label", data=label, chunks=chunks, **checked_lz4())
         for cls in sorted(ds.labels):
             if cls == 0:
                 continue
@@ -328,11 +330,12 @@ def preprocess_case(
             if len(flat) > cfg.foreground_samples:
                 flat = flat[rng.choice(len(flat), cfg.foreground_samples, replace=False)]
             coords = np.stack(np.unravel_index(flat, label.shape), axis=1).astype(np.int32)
-            f.create_dataset(f"foreground/{cls}", data=coords)
+            checked = {"fletcher32": True, "chunks": True} if coords.size else {}
+            f.create_dataset(f"foreground/{cls}", data=coords, **checked)
         f.attrs.update(
             {
                 "case_id": case.case_id,
-                "format_version": FORMAT_VERSION,
+                "format_version": CASE_FORMAT,
                 "original_affine": lc.affine,
                 "original_shape": from_ras(lc.label, lc.affine).shape,
                 "original_spacing_ras": lc.spacing,
@@ -409,12 +412,26 @@ def _write_json_files(folder: Path, objs: dict[str, object]) -> None:
         (folder / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
 
 
+@contextmanager
+def _naming_sources(manifest: dict) -> Iterator[None]:
+    """Errors about staged files also name the user's own files."""
+    try:
+        yield
+    except VoxjetError as e:
+        renamed = name_sources(str(e), manifest)
+        if renamed == str(e):
+            raise
+        raise VoxjetError(renamed) from e
+
+
 def plan_volumes(
     manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: VolumePrepConfig
 ) -> dict:
     """The planning job: check every case, fingerprint, plan, split; one folder, atomically."""
-    ds = load_dataset(read_json(manifest_path)["root"])
-    planned = plan_dataset(ds, cfg)
+    manifest = read_json(manifest_path)
+    with _naming_sources(manifest):
+        ds = load_dataset(manifest["root"])
+        planned = plan_dataset(ds, cfg)
     with atomic_path(out_dir, directory=True) as tmp:
         _write_json_files(tmp, planned)
     return planned["plan"]
@@ -428,14 +445,16 @@ def preprocess_one(
 ) -> dict:
     """The per-case job: preprocess one case with the dataset's plan."""
     plan_dir = Path(plan_dir)
-    ds = load_dataset(read_json(manifest_path)["root"])
+    manifest = read_json(manifest_path)
+    ds = load_dataset(manifest["root"])
     plan = read_json(plan_dir / "plan.json")
     fp = read_json(plan_dir / "fingerprint.json")
     by_id = {c.case_id: c for c in ds.cases}
     if case_id not in by_id:
         raise VoxjetError(f"case {case_id!r} is not in {ds.root / 'dataset.json'}")
     cfg = VolumePrepConfig(**plan["config"])
-    return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg)
+    with _naming_sources(manifest):
+        return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg)
 
 
 def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> list[dict]:

@@ -17,6 +17,7 @@ include: "workflow/rules/common.smk"
 check_config_or_fail(config, workflow.source_path("config/schema.yaml"))
 validate(config, "config/schema.yaml")
 RUNS = expand_runs_or_fail(config)
+PREDICTIONS = prediction_runs_or_fail(config, RUNS)
 
 
 include: "workflow/rules/synth.smk"
@@ -26,9 +27,11 @@ include: "workflow/rules/preprocess.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/predict.smk"
 
 
 rule all:
     input:
         rules.aggregate.output,
+        predict_targets(),
     default_target: True

@@ -31,6 +31,7 @@ SECTIONS = {
     "train": "$defs/train",
     "evaluate": "$defs/evaluate",
     "launch": "$defs/launch",
+    "prediction": "$defs/prediction",
     "stage": "properties/stage",
 }
 MARK = re.compile(r"<!-- schema-table: (\w+) -->\n.*?<!-- end schema-table -->", re.S)

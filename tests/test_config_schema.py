@@ -113,4 +113,4 @@ def test_generators_and_cli_default_to_the_schema():
 def test_config_readme_tables_are_rendered_from_the_schema():
     text = README_PATH.read_text()
     assert text == rewritten(text), "config/README.md is stale: run python tests/config_tables.py"
-    assert text.count("<!-- schema-table:") == 13
+    assert text.count("<!-- schema-table:") == 14

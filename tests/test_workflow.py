@@ -3,6 +3,7 @@ errors that stop before any job, and the example configs for real datasets."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from conftest import REPO, job_counts, run_snakemake, write_config
 from readme import README
@@ -126,7 +127,7 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
     r = run_snakemake(workflow_dir, "-n", "-p", "--configfile", str(c), "--replace-workflow-config")
     assert r.returncode == 0, r.stdout + r.stderr
     counts = job_counts(r.stdout)
-    assert set(counts) == {"train_jets", "evaluate_jets", "aggregate", "all"}, counts
+    assert set(counts) == {"train_jets", "evaluate_jets", "list_runs", "aggregate", "all"}, counts
     assert "--shards s3://my-bucket/jetclass/shards --read" in r.stdout
 
 
@@ -162,3 +163,37 @@ def test_gpu_job_without_gpus_stops_before_training_and_says_why(workflow_dir, s
     assert "or set launch.gpus: 0 to run on the CPU" in out
     assert (runs / "on-cpu" / "model.pt").is_file()
     assert not (runs / "on-gpu" / "checkpoints").exists()  # stopped before training began
+
+
+@pytest.mark.slow
+def test_predict_section_applies_the_sweeps_best_run_in_chunks(workflow_dir, shards, tmp_path):
+    """`snakemake --until predict`: the experiment's runs train, and the best of them scores
+    new files, two files a job."""
+    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+
+    generate_dataset(tmp_path / "new", ToyJetsConfig(files_per_class=1, jets_per_file=40,
+                     classes=["QCD", "Wqq", "Tbqq"], seed=11), progress=False)  # fmt: skip
+    cfg = {
+        "datasets": {"prep": {"domain": "jets", "source": {"prepared": str(shards)}}},
+        "experiments": {
+            "pfn": {
+                "dataset": "prep",
+                "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
+                "train": {"steps": 6, "eval_every": 3, "batch_size": 32},
+                "sweep": {"train.lr": [0.001, 0.003]},
+                "launch": {"gpus": 0, "threads": 1},
+            }
+        },
+        "predict": {"new": {"experiment": "pfn", "input": str(tmp_path / "new"),
+                            "files_per_job": 2, "observers": ["jet_pt"]}},
+    }  # fmt: skip
+    write_config(workflow_dir / "config" / "config.yaml", cfg)
+    r = run_snakemake(workflow_dir, *README["predict"][1:])  # as README shows it
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    jobs = job_counts(r.stdout + r.stderr)
+    assert jobs["predict"] == 2 and jobs["train_jets"] == 2
+    out = workflow_dir / "results" / "predict" / "new"
+    assert sorted(p.name for p in out.rglob("*.root")) == ["QCD_000.root", "Tbqq_000.root",
+                                                            "Wqq_000.root"]  # fmt: skip
+    log = (workflow_dir / "logs" / "predict" / "new" / "0000.log").read_text()
+    assert "the best of 2 runs by validation score" in log

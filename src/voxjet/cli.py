@@ -136,15 +136,28 @@ def _train_seg(a: argparse.Namespace) -> None:
 def _evaluate_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.evaluate import evaluate
 
-    m = evaluate(a.shards, a.model, a.out, _read(a))
-    print(f"test accuracy {m['accuracy']:.4f}, macro AUC {m['auc_macro']:.4f}", file=sys.stderr)
+    evaluate(a.shards, a.model, a.out, _read(a))
 
 
 def _evaluate_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.evaluate import evaluate
 
     m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a))
-    print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
+    if m:  # the main process's summary
+        print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
+
+
+def _predict(a: argparse.Namespace) -> None:
+    from voxjet.predict import run_predict
+
+    run_predict(a.model, a.input, a.out, a.observers, a.step_size, a.batch_size, a.overlap,
+                a.mirror)  # fmt: skip
+
+
+def _export(a: argparse.Namespace) -> None:
+    from voxjet.export import export_model
+
+    export_model(a.model, a.format, a.out)
 
 
 def _aggregate(a: argparse.Namespace) -> None:
@@ -298,6 +311,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
     s.set_defaults(func=_launch)
+
+    s = sub.add_parser("predict", help="apply a trained model to new ROOT files or NIfTI images")
+    s.add_argument(
+        "--model",
+        nargs="+",
+        required=True,
+        help="a run's model.pt (its domain decides); several: the best by validation score",
+    )
+    s.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="files, folders, globs or URLs (jets: ROOT; volumes: NIfTI, imagesTs/, a dataset)",
+    )
+    s.add_argument("--out", required=True, help="folder for one output a file / case")
+    s.add_argument("--observers", nargs="*", default=[], help="jets: branches copied through")
+    s.add_argument("--step-size", type=int, default=50_000, help="jets: entries read at a time")
+    s.add_argument("--batch-size", type=int, default=4096, help="jets: jets a forward pass")
+    s.add_argument("--overlap", type=float, default=0.5, help="volumes: sliding-window overlap")
+    s.add_argument("--mirror", action="store_true", help="volumes: average all 8 axis flips")
+    s.set_defaults(func=_predict)
+
+    s = sub.add_parser("export", help="a trained model as ONNX, TorchScript or a MONAI bundle")
+    s.add_argument("--model", required=True)
+    s.add_argument(
+        "--format",
+        required=True,
+        choices=["onnx", "torchscript", "bundle"],
+        help="taggers: onnx, torchscript; segmentation: torchscript, bundle",
+    )
+    s.add_argument("--out", required=True, help="folder to write into")
+    s.set_defaults(func=_export)
 
     s = sub.add_parser("aggregate", help="tidy metrics.csv and summary.md over all runs")
     s.add_argument("--runs", default=None, help="JSON (or @file) list of runs")

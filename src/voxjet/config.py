@@ -242,6 +242,28 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
     return runs
 
 
+def prediction_runs(config: Mapping[str, Any], runs: Mapping[str, Run]) -> dict[str, list[Run]]:
+    """For each entry of `predict`, the runs whose model it may use (one named run, or every
+    run of an experiment: the best of them is picked when the job runs); a name that is no
+    run or experiment is an error naming the key."""
+    out = {}
+    for name, p in (config.get("predict") or {}).items():
+        where = f"config key 'predict.{name}"
+        if "run" in p:
+            if p["run"] not in runs:
+                raise VoxjetError(f"{where}.run': no run named {p['run']!r}; runs: {sorted(runs)}")
+            out[name] = [runs[p["run"]]]
+        else:
+            mine = [r for r in runs.values() if r.experiment == p["experiment"]]
+            if not mine:
+                raise VoxjetError(
+                    f"{where}.experiment': no experiment named {p['experiment']!r}; "
+                    f"defined: {sorted(config.get('experiments', {}))}"
+                )
+            out[name] = mine
+    return out
+
+
 def parse_json_arg(value: str, what: str) -> Any:
     """A CLI argument that is JSON text or @path to a JSON file."""
     try:

@@ -8,7 +8,7 @@ import shlex
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
-from voxjet.config import check_config, check_sources, expand_runs
+from voxjet.config import check_config, check_sources, expand_runs, prediction_runs
 from voxjet.errors import VoxjetError
 from voxjet.report.aggregate import run_infos
 from voxjet.stage.transfer import list_sources
@@ -46,6 +46,73 @@ def expand_runs_or_fail(config):
         return expand_runs(config)
     except VoxjetError as e:
         raise WorkflowError(str(e))
+
+
+def prediction_runs_or_fail(config, runs):
+    try:
+        return prediction_runs(config, runs)
+    except VoxjetError as e:
+        raise WorkflowError(str(e))
+
+
+_chunks = {}
+
+
+def predict_chunks(name):
+    """The inputs of a prediction, listed once and cut into chunks of files_per_job."""
+    if name not in _chunks:
+        p = config["predict"][name]
+        inputs = [p["input"]] if isinstance(p["input"], str) else list(p["input"])
+        try:
+            if PREDICTIONS[name][0].domain == "jets":
+                from voxjet.predict import jet_inputs
+
+                items = [path for path, _ in jet_inputs(inputs)]
+            else:
+                from voxjet.volumes.predict import case_inputs
+
+                items = [str(f) for c in case_inputs(inputs) for f in c.files]
+        except VoxjetError as e:
+            raise WorkflowError(f"config key 'predict.{name}.input': {e}")
+        n = p["files_per_job"]
+        _chunks[name] = [items[k : k + n] for k in range(0, len(items), n)]
+    return _chunks[name]
+
+
+def predict_targets():
+    """Every chunk folder of every prediction."""
+    return [
+        f"results/predict/{name}/part_{k:04d}"
+        for name in PREDICTIONS
+        for k in range(len(predict_chunks(name)))
+    ]
+
+
+def predict_models(wildcards):
+    """The model.pt of the run (or of every run of the experiment: the best is used)."""
+    return [f"{r.run_dir}/model.pt" for r in PREDICTIONS[wildcards.name]]
+
+
+def predict_inputs(wildcards):
+    return " ".join(shlex.quote(f) for f in predict_chunks(wildcards.name)[int(wildcards.chunk)])
+
+
+def predict_options(wildcards):
+    p = config["predict"][wildcards.name]
+    opts = [f"--overlap {p['overlap']}"] + (["--mirror"] if p["mirror"] else [])
+    if p["observers"]:
+        opts.append("--observers " + " ".join(shlex.quote(o) for o in p["observers"]))
+    return " ".join(opts)
+
+
+def predict_launch_value(wildcards, key):
+    run = PREDICTIONS[wildcards.name][0]
+    return config["experiments"][run.experiment]["launch"][key]
+
+
+def predict_launch(wildcards):
+    launch = config["experiments"][PREDICTIONS[wildcards.name][0].experiment]["launch"]
+    return f"--gpus {launch['gpus']} --cpu-processes {launch['cpu_processes']}"
 
 
 def dataset_cfg(name):
@@ -190,11 +257,6 @@ def launch_args(wildcards):
         f"--gpus {launch['gpus']} --cpu-processes {launch['cpu_processes']}"
         f" --nodes {launch['nodes']} --stop-margin {launch['stop_margin']}"
     )
-
-
-def eval_launch_args(wildcards):
-    """Evaluation runs as one process, on a GPU when the experiment trains on GPUs."""
-    return f"--gpus {min(1, run_launch(wildcards)['gpus'])}"
 
 
 def launch_gpus_total(wildcards):

@@ -25,7 +25,7 @@ rule evaluate_jets:
     params:
         data=data_location,
         read=read_options,
-        launch=eval_launch_args,
+        launch=launch_args,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
@@ -34,11 +34,15 @@ rule evaluate_jets:
     wildcard_constraints:
         dataset=one_of(datasets_of("jets")),
         run=one_of([r.run_id for r in runs_of("jets")]),
-    threads: 1
+    # the experiment's processes and GPUs score the test split side by side
+    threads: launch_value("threads")
     resources:
-        gpu=lambda wildcards: min(1, run_launch(wildcards)["gpus"]),
-        mem_mb=4000,
-        runtime=30,
+        gpu=launch_gpus_total,
+        nodes=launch_value("nodes"),
+        tasks=launch_value("nodes"),
+        mpi=launch_mpi,
+        mem_mb=launch_value("mem_mb"),
+        runtime=launch_value("runtime"),
     conda:
         ENV
     shell:
@@ -63,7 +67,7 @@ rule evaluate_seg:
     params:
         data=data_location,
         read=read_options,
-        launch=eval_launch_args,
+        launch=launch_args,
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
@@ -74,11 +78,14 @@ rule evaluate_seg:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: 1
+    threads: launch_value("threads")
     resources:
-        gpu=lambda wildcards: min(1, run_launch(wildcards)["gpus"]),
-        mem_mb=8000,
-        runtime=60,
+        gpu=launch_gpus_total,
+        nodes=launch_value("nodes"),
+        tasks=launch_value("nodes"),
+        mpi=launch_mpi,
+        mem_mb=launch_value("mem_mb"),
+        runtime=launch_value("runtime"),
     conda:
         ENV
     shell:

@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import numpy as np
 
+MASS_BINS, MASS_UPPER = 60, 300.0
+EDGES = np.linspace(0.0, MASS_UPPER, MASS_BINS + 1)
+
+
+def mass_counts(mass: np.ndarray, labels: np.ndarray, n_classes: int) -> np.ndarray:
+    """[n_classes, bins] histogram counts of the groomed mass (summable over chunks)."""
+    table = np.zeros((n_classes, MASS_BINS))
+    for c in range(n_classes):
+        h, _ = np.histogram(np.clip(mass[labels == c], 0, MASS_UPPER - 1e-6), bins=EDGES)
+        table[c] = h
+    return table
+
+
+def mass_table(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bin edges, smoothed densities times class priors) from summed counts."""
+    table = counts + 0.5  # a pseudo-count keeps empty bins from giving zero likelihood
+    return EDGES, table / table.sum()
+
 
 def fit_mass_histograms(
-    mass: np.ndarray, labels: np.ndarray, n_classes: int, bins: int = 60, upper: float = 300.0
+    mass: np.ndarray, labels: np.ndarray, n_classes: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bin edges, [n_classes, bins] smoothed densities times class priors)."""
-    edges = np.linspace(0.0, upper, bins + 1)
-    table = np.zeros((n_classes, bins))
-    for c in range(n_classes):
-        h, _ = np.histogram(np.clip(mass[labels == c], 0, upper - 1e-6), bins=edges)
-        table[c] = h + 0.5  # a pseudo-count keeps empty bins from giving zero likelihood
-    return edges, table / table.sum()
+    return mass_table(mass_counts(mass, labels, n_classes))
 
 
 def mass_probabilities(mass: np.ndarray, edges: np.ndarray, table: np.ndarray) -> np.ndarray:

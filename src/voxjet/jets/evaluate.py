@@ -2,29 +2,37 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from voxjet.distributed import checkpoint
-from voxjet.distributed.gpus import job_device
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.integrity import checked_lz4
 from voxjet.io.remote import ReadOptions
-from voxjet.jets.baseline import fit_mass_histograms, mass_probabilities
-from voxjet.jets.dataset import load_columns, load_index, load_split
+from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
+from voxjet.jets.dataset import load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
-from voxjet.jets.train import predict
+from voxjet.jets.predict import Tagger, score
 from voxjet.report.figures import pyplot, roc_overlay, save_figure
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained jet model from model.pt."""
     saved = checkpoint.load_file(model_path)
-    cfg = {k: v for k, v in saved["model_config"].items() if k != "classes"}
+    domain = saved.get("model_config", {}).get("domain", "jets")
+    if domain != "jets":
+        raise VoxjetError(
+            f"{model_path}: a {domain} model; jet tagging needs a model trained by train-jets"
+        )
+    cfg = {k: v for k, v in saved["model_config"].items() if k not in ("classes", "data", "domain")}
     model = build_model(**cfg)
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
@@ -69,43 +77,131 @@ def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str)
         )
 
 
-def mass_baseline(
-    shard_dir: str, index: dict, test, read: ReadOptions | None = None
-) -> np.ndarray | None:
-    """Class probabilities of the jet-mass-only reference on `test` (None without jet_sdmass)."""
+def _chunks(lo: int, hi: int, size: int) -> Iterator[tuple[int, int]]:
+    for a in range(lo, hi, size):
+        yield a, min(a + size, hi)
+
+
+def _mass_table(shard_dir: str, index: dict, opts: ReadOptions, rt, chunk: int):
+    """The jet-mass reference's histograms, from the training split read in chunks (each rank
+    its share, summed): None without jet_sdmass among the jet features."""
     if "jet_sdmass" not in index["jet_features"]:
         return None
     col = index["jet_features"].index("jet_sdmass")
-    # the jet-level columns only: the training particles are not needed for a mass histogram
-    train = load_columns(shard_dir, "train", ("jets", "labels"), read)
-    edges, table = fit_mass_histograms(
-        train["jets"][:, col], train["labels"], len(index["classes"])
-    )
-    return mass_probabilities(test.jets[:, col].numpy(), edges, table)
+    total = index["splits"]["train"]["jets"]
+    counts = np.zeros((len(index["classes"]), MASS_BINS))
+    lo, hi = share(total, rt.rank, rt.world_size)
+    for a, b in _chunks(lo, hi, chunk):
+        part = load_columns(shard_dir, "train", ("jets", "labels"), opts, index, rows=(a, b))
+        counts += mass_counts(part["jets"][:, col], part["labels"], len(index["classes"]))
+    if rt.distributed:
+        t = torch.from_numpy(counts).to(rt.device)
+        dist.all_reduce(t)
+        counts = t.cpu().numpy()
+    return col, mass_table(counts)
 
 
-def evaluate(shard_dir: str, model_path: str, out_dir: str, read: dict | None = None) -> dict:
-    """Score the test split (and the jet-mass reference); write metrics.json, predictions.h5,
-    roc.png and confusion.png."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    opts = ReadOptions.from_config(read)
-    index = load_index(shard_dir, opts)
+PARTS = "predictions.part-{rank}.h5"
+
+
+def _append(f: h5py.File, cols: dict[str, np.ndarray]) -> None:
+    for k, v in cols.items():
+        if k not in f:
+            rows = (max(1, min(len(v), 8192)), *v.shape[1:])
+            f.create_dataset(k, data=v, maxshape=(None, *v.shape[1:]), chunks=rows, **checked_lz4())
+        else:
+            d = f[k]
+            d.resize(d.shape[0] + len(v), axis=0)
+            d[-len(v) :] = v
+
+
+def score_share(
+    shard_dir: str, model, saved: dict, index: dict, opts: ReadOptions, rt, part: Path,
+    mass, chunk: int,
+) -> int:  # fmt: skip
+    """Score this rank's contiguous share of the test split, chunk after chunk, appending
+    scores, labels, each jet's source (file, entry) and the jet-mass reference to `part`."""
+    total = index["splits"]["test"]["jets"]
+    lo, hi = share(total, rt.rank, rt.world_size)
+    data_cfg = saved["model_config"].get("data") or {"max_particles": index["max_particles"]}
+    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "")
+    names = ("particles", "jets", "labels", "file", "entry")
+    with atomic_path(part) as tmp, h5py.File(tmp, "w") as f:
+        for a, b in _chunks(lo, hi, chunk):
+            c = load_columns(shard_dir, "test", names, opts, index, rows=(a, b))
+            probs = score(tagger, {"particles": c["particles"], "counts": np.diff(c["offsets"])})
+            cols = {"probs": probs, "labels": c["labels"].astype(np.int64),
+                    "file": c["file"], "entry": c["entry"]}  # fmt: skip
+            if mass is not None:
+                col, (edges, table) = mass
+                cols["baseline_probs"] = mass_probabilities(c["jets"][:, col], edges, table)
+                cols["jet_sdmass"] = c["jets"][:, col].astype(np.float32)
+            _append(f, cols)
+        f.attrs["rows"] = [lo, hi]
+    return hi - lo
+
+
+def _gather(out: Path, world: int, index: dict) -> Path:
+    """The ranks' parts, in rank order (the split's order), into predictions.h5."""
+    final = out / "predictions.h5"
+    with atomic_path(final) as tmp, h5py.File(tmp, "w") as f:
+        for r in range(world):
+            path = out / PARTS.format(rank=r)
+            with h5py.File(path, "r") as part:
+                n = part["labels"].shape[0] if "labels" in part else 0  # a rank with no rows
+                for lo in range(0, n, 65536):
+                    _append(f, {k: part[k][lo : lo + 65536] for k in part})
+            path.unlink()
+        f.attrs["classes"] = index["classes"]
+        f.attrs["source_files"] = index.get("source_files", [])
+    return final
+
+
+def evaluate(
+    shard_dir: str, model_path: str, out_dir: str, read: dict | None = None, chunk: int = 65536
+) -> dict:
+    """Score the test split (and the jet-mass reference), streamed in chunks by every process
+    of the job (each its contiguous share), into predictions.h5; then metrics.json from the
+    stored scores, roc.png and confusion.png. Memory does not grow with the split's size but
+    for the final metrics, which read the scores column by column."""
+    from voxjet.distributed.runtime import init_runtime, shutdown
+
+    rt = init_runtime()
+    try:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        opts = ReadOptions.from_config(read)
+        index = load_index(shard_dir, opts)
+        if not index["splits"]["test"]["shards"]:
+            raise VoxjetError(
+                f"{shard_dir}/index.json: the test split is empty; raise the dataset's "
+                "jets.test_fraction"
+            )
+        model, saved = load_trained(model_path)
+        _check_compatible(saved, index, model_path, shard_dir)
+        model.to(rt.device).eval()
+        mass = _mass_table(shard_dir, index, opts, rt, chunk)
+        score_share(shard_dir, model, saved, index, opts, rt, out / PARTS.format(rank=rt.rank),
+                    mass, chunk)  # fmt: skip
+        if rt.distributed:
+            dist.barrier()
+        if not rt.is_main:
+            return {}
+        return _metrics_from_predictions(_gather(out, rt.world_size, index), out, index, saved)
+    finally:
+        shutdown(rt)
+
+
+def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -> dict:
     classes = index["classes"]
-    data = load_split(shard_dir, "test", opts)
-    model, saved = load_trained(model_path)
-    _check_compatible(saved, index, model_path, shard_dir)
-    probs = predict(model, data, torch.device(job_device()))
-    labels = data.labels.numpy()
+    with h5py.File(path, "r") as f:
+        labels = f["labels"][...]
+        probs = f["probs"][...]
+        base = f["baseline_probs"][...] if "baseline_probs" in f else None
     metrics = jet_metrics(probs, labels, classes)
     metrics.update(
         {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
     )
-    with atomic_path(out / "predictions.h5") as tmp, h5py.File(tmp, "w") as f:
-        f["probs"] = probs.astype(np.float32)
-        f["labels"] = labels
-        f.attrs["classes"] = classes
-    base = mass_baseline(shard_dir, index, data, opts)
     if base is not None:
         bm = jet_metrics(base, labels, classes)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
@@ -114,4 +210,6 @@ def evaluate(shard_dir: str, model_path: str, out_dir: str, read: dict | None = 
     )
     _plot_confusion(out / "confusion.png", probs, labels, classes)
     write_json(out / "metrics.json", metrics)
+    print(f"test accuracy {metrics['accuracy']:.4f}, macro AUC {metrics['auc_macro']:.4f}",
+          file=sys.stderr)  # fmt: skip
     return metrics

@@ -5,6 +5,7 @@ class-attention blocks that pool into a class token."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from voxjet.jets.models import Standardize, feature_indices
@@ -22,10 +23,39 @@ def pairwise_features(deta: torch.Tensor, dphi: torch.Tensor, pt: torch.Tensor) 
     ptmin = torch.minimum(pa, pb)
     kt = ptmin * delta
     z = ptmin / (pa + pb + _EPS)
-    m2 = 2 * pa * pb * (torch.cosh(d_eta) - torch.cos(d_phi))
+    # cosh as exponentials: ONNX has no cosh operator on the CPU runtime
+    cosh = 0.5 * (torch.exp(d_eta) + torch.exp(-d_eta))
+    m2 = 2 * pa * pb * (cosh - torch.cos(d_phi))
     return torch.stack(
         [torch.log(delta), torch.log(kt + _EPS), torch.log(z + _EPS), torch.log(m2 + _EPS)], dim=1
     )
+
+
+class _Attention(nn.Module):
+    """Multi-head attention with an additive bias [B·H, Q, K], written out (scaled dot-product)
+    so that it exports to ONNX and torch.export with any batch and particle count."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.q, self.k, self.v = (nn.Linear(dim, dim) for _ in range(3))
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, nq, d = q.shape
+        h = self.heads
+
+        def split(x: torch.Tensor) -> torch.Tensor:  # [B, N, D] -> [B, H, N, D/H]
+            return x.reshape(b, x.shape[1], h, d // h).transpose(1, 2)
+
+        att = F.scaled_dot_product_attention(
+            split(self.q(q)),
+            split(self.k(kv)),
+            split(self.v(kv)),
+            attn_mask=bias.reshape(b, h, nq, kv.shape[1]),
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(att.transpose(1, 2).reshape(b, nq, d))
 
 
 class _Block(nn.Module):
@@ -34,7 +64,7 @@ class _Block(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
+        self.attn = _Attention(dim, heads, dropout)
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(
             nn.Linear(dim, 4 * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(4 * dim, dim)
@@ -43,7 +73,7 @@ class _Block(nn.Module):
     def forward(self, q: torch.Tensor, kv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         kvn = self.ln1(kv)
         qn = kvn if q is kv else self.ln1(q)
-        q = q + self.attn(qn, kvn, kvn, attn_mask=bias, need_weights=False)[0]
+        q = q + self.attn(qn, kvn, bias)
         return q + self.mlp(self.ln2(q))
 
 

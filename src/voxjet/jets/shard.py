@@ -36,10 +36,10 @@ from voxjet.jets.features import (
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.progress import progress
 
-# 3: a fletcher32 checksum a chunk; 2: particles stored jagged (flat rows + offsets); 1 stored
-# them padded
-FORMAT_VERSION = 3
-SHARD_KEYS = ("particles", "jets", "labels")
+# 4: each jet's source file and entry (`file`, `entry`); 3: a fletcher32 checksum a chunk;
+# 2: particles stored jagged (flat rows + offsets); 1 stored them padded
+FORMAT_VERSION = 4
+SHARD_KEYS = ("particles", "jets", "labels", "file", "entry")
 SPLITS = ("train", "val", "test")
 
 
@@ -205,7 +205,14 @@ def _check_finite(arrays, entries: np.ndarray) -> None:
 
 
 def _read_range(
-    path: Path, tree, v: Variables, cfg: JetDataConfig, branches: list[str], start: int, stop: int
+    path: Path,
+    tree,
+    v: Variables,
+    cfg: JetDataConfig,
+    branches: list[str],
+    start: int,
+    stop: int,
+    file_number: int = 0,
 ) -> list[dict[str, np.ndarray]]:
     """Chunks of features, labels, split and entry of the selected, labelled jets in
     [start, stop) (kept as read: concatenating padded particle arrays is the costly part)."""
@@ -237,6 +244,7 @@ def _read_range(
             out["offsets"] = offsets_of(out.pop("counts"))
             out["labels"] = labels
             out["entry"] = entries
+            out["file"] = np.full(len(entries), file_number, np.int32)
             out["split"] = split_of(path.name, entries, cfg)
             parts.append(out)
     except VoxjetError as e:
@@ -255,7 +263,9 @@ def _entries(path: Path, tree, manifest_entry: dict) -> int:
 
 def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) -> None:
     """One shard: particles [M, F] (the jets' real particles, flat), offsets [N + 1] into them,
-    jets [N, J], labels [N]; chunked along the rows, LZ4-compressed, a checksum a chunk."""
+    jets [N, J], labels [N], and each jet's source (`file`: its number in index.json's
+    source_files, `entry`: its entry in the tree); chunked along the rows, LZ4-compressed, a
+    checksum a chunk."""
     comp = checked_lz4()
     with h5py.File(path, "w") as f:
         # chunks of ~1 MB: a loader block of 2048 jets reads a few whole chunks
@@ -264,6 +274,8 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
             ("offsets", 65536),
             ("jets", 8192),
             ("labels", 65536),
+            ("file", 65536),
+            ("entry", 65536),
         ):
             arr = data[key]
             chunk = (max(1, min(len(arr), rows)), *arr.shape[1:])
@@ -313,7 +325,7 @@ def shard_part(
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
     types: dict = {}
     chunks, skipped, per_file = [], [], {}
-    for entry in progress(files, f"shard-jets part {part}", "file"):
+    for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
         path = root / entry["path"]
         try:
             f, tree = _open_tree(path, cfg)
@@ -321,7 +333,7 @@ def shard_part(
                 _check_branches(path, tree, cfg, branches, types)
                 n = _entries(path, tree, entry)
                 lo, hi = n * part // parts, n * (part + 1) // parts
-                data = _read_range(path, tree, v, cfg, branches, lo, hi)
+                data = _read_range(path, tree, v, cfg, branches, lo, hi, number)
         except BadFile as e:
             source = entry.get("source", "")
             if source and source.removeprefix("file://") != str(path):
@@ -343,7 +355,8 @@ def shard_part(
     all_labels = np.concatenate([c["labels"] for c in chunks] or none)
     order = np.random.default_rng([cfg.seed, part]).permutation(len(split_code))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
-                     "skipped": skipped, "splits": {}}  # fmt: skip
+                     "skipped": skipped, "splits": {},
+                     "source_files": [f["path"] for f in files]}  # fmt: skip
     with atomic_path(out_dir, directory=True) as tmp:
         for code, split in ((0, "train"), (1, "val"), (2, "test")):
             rows = order[split_code[order] == code]
@@ -387,8 +400,13 @@ def index_shards(
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
         "skipped": [s for _, p in parts for s in p["skipped"]],
+        # shards' `file` numbers index this list (every part reads the same manifest)
+        "source_files": parts[0][1].get("source_files", []),
         "splits": {},
     }
+    if any(p.get("source_files") != index["source_files"] for _, p in parts):
+        raise VoxjetError(f"{[str(d) for d, _ in parts]}: the parts were made from different "
+                          "file lists; rerun the shard stage")  # fmt: skip
     per_file: dict[str, int] = {}
     for _, p in parts:
         for name, count in p["selected_per_file"].items():

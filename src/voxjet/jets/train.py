@@ -72,7 +72,13 @@ class JetTask:
         return build_model(**self.model_cfg)
 
     def model_config(self) -> dict[str, Any]:
-        return {**self.model_cfg, "classes": self.index["classes"]}
+        # the jets config travels with the model: predict computes its inputs from raw files
+        return {
+            **self.model_cfg,
+            "classes": self.index["classes"],
+            "domain": "jets",
+            "data": self.index.get("config"),
+        }
 
     def stream(self, rt: Runtime) -> JetStream:
         """This rank's share of the training shards, streamed: padded by the loader for a CPU

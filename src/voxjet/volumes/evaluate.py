@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from voxjet.distributed import checkpoint
-from voxjet.distributed.gpus import job_device
+from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
@@ -24,7 +24,13 @@ from voxjet.volumes.patches import CaseStore, case_sizes
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained segmentation model from model.pt."""
     saved = checkpoint.load_file(model_path)
-    model = build_unet(**saved["model_config"])
+    domain = saved.get("model_config", {}).get("domain", "volumes")
+    if domain != "volumes":
+        raise VoxjetError(
+            f"{model_path}: a {domain} model; segmentation needs a model trained by train-seg"
+        )
+    skip = ("domain", "plan", "fingerprint")
+    model = build_unet(**{k: v for k, v in saved["model_config"].items() if k not in skip})
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
 
@@ -62,8 +68,21 @@ def evaluate(
     mirror: bool = False,
     read: dict | None = None,
 ) -> dict:
-    """Score the test cases; write metrics.json (per case and mean per class), overlays.png
-    and each prediction as NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
+    """Score the test cases (shared over the job's processes: case i on rank i mod world);
+    write metrics.json (per case and mean per class), overlays.png and each prediction as
+    NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
+    from voxjet.distributed.runtime import init_runtime, shutdown
+
+    rt = init_runtime()
+    try:
+        return _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read)
+    finally:
+        shutdown(rt)
+
+
+def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict:
+    import torch.distributed as dist
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     opts = ReadOptions.from_config(read)
@@ -79,13 +98,13 @@ def evaluate(
         sizes=case_sizes(cases_dir, opts),
     )
     model, saved = load_trained(model_path)
-    device = torch.device(job_device())
+    device = rt.device
     model.to(device)
     n = plan["num_classes"]
     names = {int(k): v for k, v in plan["labels"].items()}
     per_case, rows = {}, []
     (out / "predictions").mkdir(exist_ok=True)
-    for cid in cases:
+    for cid in cases[rt.rank :: rt.world_size]:
         f = store.file(cid)
         image, label = read_case_arrays(f)
         pred = predict_case(model, image, plan["patch_size"], device, overlap, mirror=mirror)
@@ -101,6 +120,13 @@ def evaluate(
         if len(rows) < 3:
             rows.append((cid, image, label, pred))
     store.close()
+    if rt.distributed:
+        parts = [None] * rt.world_size
+        dist.all_gather_object(parts, per_case)
+        per_case = {cid: m for part in parts for cid, m in part.items()}
+    if not rt.is_main:
+        return {}
+    per_case = {cid: per_case[cid] for cid in cases}  # the split's order
     mean = {}
     for c in range(1, n):
         vals = [m[names[c]] for m in per_case.values() if m[names[c]]["present"]]

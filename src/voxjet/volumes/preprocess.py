@@ -302,16 +302,29 @@ def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
     return out.numpy()
 
 
+def to_plan_space(
+    image_ras: np.ndarray, spacing: np.ndarray, plan: dict, fp: dict
+) -> tuple[np.ndarray, list[list[int]], tuple[int, ...]]:
+    """A RAS image [C, X, Y, Z] as training sees it: cropped to its non-zero region,
+    resampled to the plan's spacing, normalised; with the crop box and the plan-space shape
+    (what labels_to_original needs to map a prediction back). Training cases and images to
+    predict go through this one function."""
+    box = _crop_box(image_ras)
+    sl = tuple(slice(a, b) for a, b in box)
+    cropped = tuple(b - a for a, b in box)
+    shape = plan_shape(cropped, spacing, np.array(plan["target_spacing"]))
+    image = normalise(zoom_to(image_ras[(slice(None), *sl)], shape, order=1), plan, fp)
+    return image, box, shape
+
+
 def preprocess_case(
     ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path, cfg: VolumePrepConfig
 ) -> dict:
     """Write one case file; returns its summary (shape, class voxel counts)."""
     lc = load_case(ds, case)
-    box = _crop_box(lc.image)
+    image, box, shape = to_plan_space(lc.image, lc.spacing, plan, fp)
     sl = tuple(slice(a, b) for a, b in box)
     target = np.array(plan["target_spacing"])
-    shape = plan_shape(lc.label[sl].shape, lc.spacing, target)
-    image = normalise(zoom_to(lc.image[(slice(None), *sl)], shape, order=1), plan, fp)
     n_classes = max(ds.labels) + 1
     label = zoom_labels(lc.label[sl], shape, n_classes)
     # Chunks of one patch: patches are assembled from decoded chunks (voxjet.io.chunks), and a

@@ -34,6 +34,7 @@ class SegTask:
         self.dir = str(cases_dir)  # a folder or an fsspec URL
         r = read or ReadOptions()
         self.plan = read_json_at(self.dir, "plan.json", r)
+        self.fingerprint = read_json_at(self.dir, "fingerprint.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
         remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
                   "sizes": case_sizes(self.dir, r)}  # fmt: skip
@@ -71,7 +72,15 @@ class SegTask:
         return self.data
 
     def model_config(self) -> dict[str, Any]:
-        return {**self.model_cfg, "patch_size": self.plan["patch_size"]}
+        # the plan and intensity statistics travel with the model: predict prepares new
+        # images exactly as the training cases were
+        return {
+            **self.model_cfg,
+            "patch_size": self.plan["patch_size"],
+            "domain": "volumes",
+            "plan": self.plan,
+            "fingerprint": self.fingerprint,
+        }
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
         for i in range(start, self.iterations):

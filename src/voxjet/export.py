@@ -1,0 +1,164 @@
+"""`voxjet export`: a trained model in the formats other software runs. Taggers to ONNX
+(CMSSW/Athena run taggers through ONNX Runtime) and TorchScript, inputs `particles` [B, P, F]
+(the features as in the shards: standardisation is inside the model) and `mask` [B, P], any
+batch and particle count, output `softmax` [B, classes]; the U-Net to TorchScript and to a
+MONAI bundle (configs/metadata.json, configs/inference.json, models/model.ts) that MONAI's own
+runner applies to NIfTI images. Every export is checked against the eager model on inputs of
+other shapes before it is kept; `export.json` beside it says what goes in and comes out."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path, write_json
+
+TOLERANCE = 1e-4  # max |exported − eager| accepted
+
+
+class Softmax(nn.Module):
+    """The tagger with its class probabilities as output (what an analysis consumes)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, particles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model(particles, mask).float(), dim=1)
+
+
+def _jet_inputs(b: int, p: int, f: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(1, p + 1, (b,), generator=g)
+    mask = torch.arange(p)[None] < counts[:, None]
+    return torch.randn(b, p, f, generator=g) * mask[..., None], mask
+
+
+CHECK_SHAPES = ((3, 17), (7, 41))  # (jets, particles) the exports are checked on
+
+
+def _check(name: str, run, eager: nn.Module, n_features: int) -> float:
+    worst = 0.0
+    for i, (b, p) in enumerate(CHECK_SHAPES):
+        x, mask = _jet_inputs(b, p, n_features, seed=i)
+        with torch.no_grad():
+            want = eager(x, mask).numpy()
+        got = np.asarray(run(x, mask))
+        if got.shape != want.shape:
+            raise VoxjetError(f"export {name}: output of shape {got.shape} for {b} jets of {p} "
+                              f"particles, the model gives {want.shape}")  # fmt: skip
+        worst = max(worst, float(np.abs(got - want).max()))
+    if worst > TOLERANCE:
+        raise VoxjetError(f"export {name}: differs from the eager model by {worst:.2e} (more "
+                          f"than {TOLERANCE}); not kept")  # fmt: skip
+    return worst
+
+
+def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> float:
+    """The tagger as ONNX with dynamic batch and particle count; the largest deviation."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise VoxjetError("export --format onnx needs onnx, onnxscript and onnxruntime: "
+                          "pip install 'voxjet[export]'") from e  # fmt: skip
+
+    x, mask = _jet_inputs(2, length, n_features, seed=9)
+    names = {"input_names": ["particles", "mask"], "output_names": ["softmax"]}
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:  # torch.export first; where it cannot trace a model, TorchScript tracing
+            dims = {0: torch.export.Dim("jets"), 1: torch.export.Dim("particles")}
+            torch.onnx.export(tagger, (x, mask), str(tmp), dynamo=True,
+                              dynamic_shapes=(dims, dims), **names)  # fmt: skip
+            how = "torch.export"
+        except Exception as e:  # noqa: BLE001 - the tracer's own failure, then the other way
+            print(f"export: torch.export could not export it ({type(e).__name__}); tracing",
+                  file=sys.stderr)  # fmt: skip
+            axes = {"particles": {0: "jets", 1: "particles"}, "mask": {0: "jets", 1: "particles"},
+                    "softmax": {0: "jets"}}  # fmt: skip
+            torch.onnx.export(tagger, (x, mask), str(tmp), dynamo=False, dynamic_axes=axes,
+                              opset_version=17, **names)  # fmt: skip
+            how = "TorchScript tracing"
+        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+
+        def run(p, m):
+            return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})[0]
+
+        worst = _check("onnx", run, tagger, n_features)
+    print(f"export: ONNX via {how}, max deviation {worst:.2e}", file=sys.stderr)
+    return worst
+
+
+def export_torchscript_tagger(tagger: nn.Module, n_features: int, length: int, path: Path) -> float:
+    """The tagger traced to TorchScript (any batch and particle count); the largest deviation."""
+    x, mask = _jet_inputs(2, length, n_features, seed=9)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(tagger, (x, mask), check_trace=False)
+    with atomic_path(path) as tmp:
+        torch.jit.save(traced, str(tmp))
+    loaded = torch.jit.load(str(path))
+    with torch.no_grad():
+        return _check("torchscript", lambda p, m: loaded(p, m).numpy(), tagger, n_features)
+
+
+def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike) -> Path:
+    """Export model.pt in `fmt` (onnx, torchscript, bundle) into `out_dir`; returns the file
+    or folder written."""
+    from voxjet.predict import model_domain
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    domain = model_domain(model_path)
+    if domain == "jets":
+        return _export_jets(model_path, fmt, out)
+    from voxjet.volumes.bundle import export_volumes
+
+    return export_volumes(model_path, fmt, out)
+
+
+def _export_jets(model_path, fmt: str, out: Path) -> Path:
+    from voxjet.jets.evaluate import load_trained
+
+    model, saved = load_trained(model_path)
+    cfg = saved["model_config"]
+    tagger = Softmax(model.eval()).eval()
+    n_features, length = (
+        int(cfg["n_features"]),
+        int((cfg.get("data") or {}).get("max_particles", 64)),
+    )
+    if fmt == "onnx":
+        target = out / "model.onnx"
+        worst = export_onnx(tagger, n_features, length, target)
+    elif fmt == "torchscript":
+        target = out / "model.ts"
+        worst = export_torchscript_tagger(tagger, n_features, length, target)
+    else:
+        raise VoxjetError(f"export --format {fmt}: a jet tagger exports as onnx or torchscript")
+    write_json(
+        out / "export.json",
+        {
+            "format": fmt,
+            "file": target.name,
+            "inputs": {
+                "particles": f"float32 [jets, particles, {n_features}]: "
+                + ", ".join(cfg.get("feature_names") or []),
+                "mask": "bool [jets, particles]: true for real particles",
+            },
+            "output": {"softmax": f"float32 [jets, {len(cfg['classes'])}]: {cfg['classes']}"},
+            "classes": cfg["classes"],
+            "jets_config": cfg.get("data"),
+            "max_abs_deviation_from_eager": worst,
+            "source": str(model_path),
+        },
+    )
+    print(f"export: {target} ({json.dumps(cfg['classes'])})", file=sys.stderr)
+    return target

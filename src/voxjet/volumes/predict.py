@@ -1,0 +1,168 @@
+"""Segment NIfTI images a model never saw (nnU-Net's `nnUNetv2_predict`): each case goes
+through the training cases' own preparation (RAS, crop, the plan's spacing and normalisation:
+the plan travels in model.pt), sliding-window inference (optionally mirrored), and back onto
+its original grid and affine. Cases are shared out over the job's processes; each output is
+written whole or not at all.
+
+Inputs: NIfTI files, folders of them (an MSD/nnU-Net `imagesTs/`), or a dataset folder whose
+dataset.json lists `test` images. Channels of one case are files `<case>_0000.nii.gz`,
+`<case>_0001.nii.gz`, … (nnU-Net's naming) or one 4-D image with channels last."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import torch
+
+from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path
+
+NIFTI = (".nii.gz", ".nii")
+CHANNEL = re.compile(r"^(?P<case>.+)_(?P<ch>\d{4})$")
+
+
+@dataclass(frozen=True)
+class InputCase:
+    """One case to segment: its id and its channel files, in channel order."""
+
+    case_id: str
+    files: tuple[Path, ...]
+
+
+def _stem(path: Path) -> str | None:
+    for ext in NIFTI:
+        if path.name.endswith(ext):
+            return path.name[: -len(ext)]
+    return None
+
+
+def _group(files: list[Path], where: str) -> list[InputCase]:
+    """Files grouped into cases by nnU-Net's `_000N` channel suffix."""
+    groups: dict[str, dict[int, Path]] = {}
+    for f in files:
+        stem = _stem(f)
+        m = CHANNEL.match(stem)
+        case, ch = (m["case"], int(m["ch"])) if m else (stem, 0)
+        if ch in groups.setdefault(case, {}):
+            raise VoxjetError(f"{where}: two files for channel {ch} of case {case!r}")
+        groups[case][ch] = f
+    cases = []
+    for case, chans in sorted(groups.items()):
+        if sorted(chans) != list(range(len(chans))):
+            raise VoxjetError(
+                f"{where}: case {case!r} has channel files {sorted(chans)}; channels must be "
+                f"_0000 … _{len(chans) - 1:04d} with none missing"
+            )
+        cases.append(InputCase(case, tuple(chans[c] for c in sorted(chans))))
+    return cases
+
+
+def case_inputs(inputs: list[str]) -> list[InputCase]:
+    """The cases the inputs name (files, folders, or a dataset folder's dataset.json test list)."""
+    cases: list[InputCase] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir() and (p / "dataset.json").is_file():
+            meta = json.loads((p / "dataset.json").read_text())
+            if meta.get("test"):
+                files = [p / (t if isinstance(t, str) else t["image"]) for t in meta["test"]]
+            else:
+                files = sorted(f for f in (p / "imagesTs").glob("*") if _stem(f))
+            cases += _group(files, str(p / "dataset.json"))
+        elif p.is_dir():
+            cases += _group(sorted(f for f in p.iterdir() if _stem(f)), str(p))
+        elif p.is_file() and _stem(p):
+            cases += _group([p], str(p))
+        else:
+            raise VoxjetError(f"predict: input {item!r} is no NIfTI file, folder or dataset folder")
+    if not cases:
+        raise VoxjetError(f"predict: no NIfTI images in {inputs}")
+    ids = [c.case_id for c in cases]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise VoxjetError(f"predict: case ids {dupes[:5]} appear twice in the inputs")
+    missing = [f for c in cases for f in c.files if not f.is_file()]
+    if missing:
+        raise VoxjetError(f"predict: input files missing: {[str(m) for m in missing[:3]]}")
+    return cases
+
+
+def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
+    """The case's image [C, X, Y, Z] in RAS, and its original affine (all channels on one
+    grid)."""
+    from voxjet.volumes.geometry import to_ras
+
+    arrays, affine = [], None
+    for f in case.files:
+        try:
+            img = nib.load(str(f))
+            data = np.asarray(img.dataobj, dtype=np.float32)
+        except Exception as e:
+            raise VoxjetError(f"{f}: not a readable NIfTI image ({e})") from e
+        if affine is None:
+            affine, shape = img.affine, data.shape[:3]
+        elif data.shape[:3] != shape or not np.allclose(img.affine, affine, atol=1e-3):
+            raise VoxjetError(f"{f}: another grid than {case.files[0]} (shape or affine differs)")
+        if data.ndim not in (3, 4):
+            raise VoxjetError(f"{f}: an image of shape {data.shape}; expected 3-D or 4-D")
+        if not np.isfinite(data).all():
+            raise VoxjetError(f"{f}: NaN/inf voxels; fix the image")
+        arrays.append(data if data.ndim == 4 else data[..., None])
+    image = np.concatenate(arrays, axis=-1)
+    return np.moveaxis(to_ras(image, affine), -1, 0), affine
+
+
+def segment(model, case: InputCase, cfg: dict, device: torch.device, overlap: float,
+            mirror: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The case's label map on its original grid, and its affine."""
+    from voxjet.volumes.geometry import labels_to_original, ras_spacing
+    from voxjet.volumes.inference import predict_case
+    from voxjet.volumes.preprocess import to_plan_space
+
+    image, affine = load_channels(case)
+    want = int(cfg["in_channels"])
+    if image.shape[0] != want:
+        raise VoxjetError(
+            f"{case.files[0]}: case {case.case_id!r} has {image.shape[0]} channel(s), the model "
+            f"was trained on {want}; give its channels as {case.case_id}_0000 … _{want - 1:04d}"
+        )
+    plan, fp = cfg["plan"], cfg["fingerprint"]
+    prepared, box, _ = to_plan_space(image, ras_spacing(affine), plan, fp)
+    pred = predict_case(model, prepared, plan["patch_size"], device, overlap, mirror=mirror)
+    attrs = {"crop_box": box, "ras_shape": image.shape[1:], "original_affine": affine}
+    return labels_to_original(pred, attrs, plan["num_classes"]), affine
+
+
+def run_volume_predict(
+    model_path: str | os.PathLike, inputs: list[str], out: Path, rt, overlap: float = 0.5,
+    mirror: bool = False,
+) -> list[Path]:  # fmt: skip
+    """Segment this process's share of the cases into `<out>/<case>.nii.gz`."""
+    from voxjet.volumes.evaluate import load_trained
+
+    model, saved = load_trained(model_path)
+    cfg = saved["model_config"]
+    if "plan" not in cfg:
+        raise VoxjetError(
+            f"{model_path}: this model does not record the plan it was trained with (an older "
+            "voxjet); retrain it to predict on new images"
+        )
+    model.to(rt.device).eval()
+    cases = case_inputs(inputs)
+    written = []
+    for case in cases[rt.rank :: rt.world_size]:
+        seg, affine = segment(model, case, cfg, rt.device, overlap, mirror)
+        target = out / f"{case.case_id}.nii.gz"
+        with atomic_path(target) as tmp:
+            nib.save(nib.Nifti1Image(seg.astype(np.uint8), affine), str(tmp) + ".nii.gz")
+            os.replace(str(tmp) + ".nii.gz", tmp)
+        written.append(target)
+    print(f"predict: {len(written)} of {len(cases)} cases on rank {rt.rank}", file=sys.stderr)
+    return written

@@ -1,0 +1,232 @@
+"""Trained models applied to data they never saw: ROOT files without labels, never sharded,
+scored into trees of the same entries in the same order (equal to what evaluation gives the
+same jets); NIfTI cases in other orientations and spacings segmented onto their own grids; and
+the clear refusals (a missing branch, another domain's model, a wrong channel count)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import h5py
+import nibabel as nib
+import numpy as np
+import pytest
+import uproot
+
+from voxjet.errors import VoxjetError
+from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+from voxjet.stage.transfer import stage
+
+SELECTION = "jet_pt > 550"
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory):
+    """Toy jets (4 classes) sharded with a selection, a short PFN run and its evaluation."""
+    from voxjet.jets.evaluate import evaluate
+    from voxjet.jets.train import run
+
+    d = tmp_path_factory.mktemp("tagger")
+    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=300, seed=5),
+                     progress=False)  # fmt: skip
+    stage(str(d / "raw"), d / "staged", d / "m.json", patterns=["*.root"])
+    cfg = JetDataConfig(max_particles=32, jets_per_shard=400, selection=SELECTION,
+                        test_fraction=0.3)  # fmt: skip
+    shard_jets(d / "m.json", d / "shards", cfg)
+    train = {"steps": 40, "batch_size": 64, "lr": 3e-3, "eval_every": 20}
+    run(str(d / "shards"), {"model": {"name": "pfn", "phi_sizes": [32], "f_sizes": [32]},
+                            "train": train}, str(d / "run"))  # fmt: skip
+    evaluate(str(d / "shards"), str(d / "run" / "model.pt"), str(d / "eval"))
+    return d
+
+
+def _without_labels(src, dst) -> None:
+    """A copy of a ROOT file without its label branches (new data: nobody knows the truth)."""
+    with uproot.open(src) as f:
+        arrays = f["tree"].arrays(library="ak")
+    keep = [k for k in arrays.fields if not k.startswith("label_")]
+    with uproot.recreate(dst) as out:
+        out["tree"] = {k: arrays[k] for k in keep}
+
+
+def test_unlabelled_unsharded_files_score_as_evaluation_did(tagger, tmp_path):
+    from voxjet.predict import run_predict
+
+    new = tmp_path / "new"
+    new.mkdir()
+    for f in sorted((tagger / "raw").glob("*.root")):
+        _without_labels(f, new / f.name)
+    run_predict(str(tagger / "run" / "model.pt"), [str(new)], str(tmp_path / "out"),
+                observers=["jet_pt", "jet_sdmass"])  # fmt: skip
+    with h5py.File(tagger / "eval" / "predictions.h5") as p:
+        probs, files, entries = p["probs"][...], p["file"][...], p["entry"][...]
+        sources = [str(s) for s in p.attrs["source_files"]]
+    for k, name in enumerate(sources):
+        with uproot.open(new / name) as fin, uproot.open(tmp_path / "out" / name) as fout:
+            assert "label_QCD" not in fin["tree"]
+            src, got = fin["tree"], fout["tree"].arrays(library="np")
+            n = src.num_entries
+            assert len(got["selected"]) == n  # every entry, in order
+            np.testing.assert_array_equal(got["jet_pt"], src["jet_pt"].array(library="np"))
+            passed = src["jet_pt"].array(library="np") > 550
+            np.testing.assert_array_equal(got["selected"] == 1, passed)
+            scores = np.stack([got[f"score_{c}"] for c in ("QCD", "Hbb", "Wqq", "Tbqq")], 1)
+            np.testing.assert_allclose(scores[passed].sum(1), 1, rtol=1e-5)
+            assert (scores[~passed] == -1).all()  # unselected: a defined value, not a shift
+            mine = files == k
+            np.testing.assert_allclose(scores[entries[mine]], probs[mine], atol=1e-6)
+            assert mine.sum() > 10
+
+
+def test_a_file_lacking_a_branch_the_model_needs_is_named(tagger, tmp_path):
+    from voxjet.predict import run_predict
+
+    src = next((tagger / "raw").glob("*.root"))
+    with uproot.open(src) as f:
+        arrays = f["tree"].arrays(library="ak")
+    with uproot.recreate(tmp_path / "bad.root") as out:
+        out["tree"] = {k: arrays[k] for k in arrays.fields if k != "part_dphi"}
+    with pytest.raises(
+        VoxjetError, match=r"bad\.root: tree 'tree' lacks the branches \['part_dphi'\]"
+    ):
+        run_predict(str(tagger / "run" / "model.pt"), [str(tmp_path / "bad.root")],
+                    str(tmp_path / "out"))  # fmt: skip
+    assert not list((tmp_path / "out").glob("*.root"))
+
+
+def test_a_killed_predict_job_leaves_nothing_taken_for_done(tagger, tmp_path):
+    from voxjet.io.atomic import HOST
+    from voxjet.predict import run_predict
+
+    src = next((tagger / "raw").glob("*.root"))
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = out / f".{src.name}.tmp-{HOST}-999999"  # a killed job's half-written output
+    stale.write_bytes(b"half a ROOT file")
+    run_predict(str(tagger / "run" / "model.pt"), [str(src)], str(out))
+    assert not stale.exists()
+    with uproot.open(out / src.name) as f:
+        assert f["tree"].num_entries == 300
+
+
+def test_a_model_of_the_other_domain_is_refused(tagger, tmp_path):
+    from voxjet.volumes.evaluate import load_trained
+
+    with pytest.raises(VoxjetError, match=r"model\.pt: a jets model; segmentation needs"):
+        load_trained(tagger / "run" / "model.pt")
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("pfn", {"phi_sizes": [16], "f_sizes": [16]}),
+    ("particlenet", {"k": 4, "conv_channels": [[16, 16]], "fc_size": 16}),
+    ("part", {"dim": 16, "heads": 2, "blocks": 1, "class_blocks": 1, "pair_dim": 8}),
+])  # fmt: skip
+def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
+    """ONNX Runtime and TorchScript outputs equal the eager model's for two batch sizes and
+    particle counts."""
+    import onnxruntime as ort
+    import torch
+
+    from voxjet.export import Softmax, _jet_inputs, export_model
+    from voxjet.jets.evaluate import load_trained
+    from voxjet.jets.train import run
+
+    run(str(shards), {"model": {"name": name, **kw}, "train": {"steps": 3, "batch_size": 32}},
+        str(tmp_path / "run"))  # fmt: skip
+    model_pt = tmp_path / "run" / "model.pt"
+    onnx = export_model(model_pt, "onnx", tmp_path / "onnx")
+    ts = export_model(model_pt, "torchscript", tmp_path / "ts")
+    eager = Softmax(load_trained(model_pt)[0].eval())
+    session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    script = torch.jit.load(str(ts))
+    f = load_trained(model_pt)[1]["model_config"]["n_features"]
+    for b, p in ((5, 24), (64, 9)):
+        x, mask = _jet_inputs(b, p, f, seed=b)
+        with torch.no_grad():
+            want = eager(x, mask).numpy()
+            got_ts = script(x, mask).numpy()
+        got_onnx = session.run(None, {"particles": x.numpy(), "mask": mask.numpy()})[0]
+        assert np.abs(got_onnx - want).max() <= 1e-4 and np.abs(got_ts - want).max() <= 1e-4
+    info = json.loads((tmp_path / "onnx" / "export.json").read_text())
+    assert info["classes"] == ["QCD", "Hbb", "Wqq", "Tbqq"] and info["jets_config"]["tree"]
+
+
+@pytest.fixture(scope="module")
+def segmenter(tmp_path_factory):
+    """Toy CT cases preprocessed and a short U-Net run on them."""
+    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.synth import ToyVolumesConfig
+    from voxjet.volumes.synth import generate_dataset as make_volumes
+    from voxjet.volumes.train import run
+
+    d = tmp_path_factory.mktemp("segmenter")
+    make_volumes(d / "msd", ToyVolumesConfig(train_cases=6, test_cases=2, seed=3,
+                 min_shape=(40, 40, 16), max_shape=(48, 48, 20)), progress=False)  # fmt: skip
+    (d / "m.json").write_text(json.dumps({"root": str(d / "msd")}))
+    preprocess_dataset(d / "m.json", d / "cases", VolumePrepConfig(
+        patch_size=[32, 32, 16], val_fraction=0.2, test_fraction=0.2))  # fmt: skip
+    run(str(d / "cases"), {"model": {"name": "unet", "channels": [8, 16, 32]},
+        "train": {"steps": 60, "lr": 5e-3, "eval_every": 30, "iterations_per_epoch": 20}},
+        str(d / "run"))  # fmt: skip
+    return d
+
+
+def _restored(src, dst, perm, flips, zooms):
+    """An image stored with other axis order, flips and voxel sizes (the same anatomy)."""
+    img = nib.load(str(src))
+    data = np.asarray(img.dataobj)
+    ornt = np.array([[p, -1 if f else 1] for p, f in zip(perm, flips, strict=True)])
+    moved = nib.orientations.apply_orientation(data, ornt)
+    aff = img.affine @ nib.orientations.inv_ornt_aff(ornt, data.shape)
+    aff = aff @ np.diag([*zooms, 1])
+    nib.save(nib.Nifti1Image(moved, aff), str(dst))
+
+
+def test_unseen_cases_in_other_orientations_segment_onto_their_own_grid(segmenter, tmp_path):
+    from voxjet.predict import run_predict
+
+    ts = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))
+    new = tmp_path / "new"
+    new.mkdir()
+    _restored(ts[0], new / "lps_0000.nii.gz", (0, 1, 2), (True, True, False), (1.0, 1.0, 1.0))
+    _restored(ts[1], new / "psr_0000.nii.gz", (1, 2, 0), (True, False, False), (1.5, 1, 3))
+    run_predict(str(segmenter / "run" / "model.pt"), [str(new)], str(tmp_path / "out"))
+    for case in ("lps", "psr"):
+        src = nib.load(str(new / f"{case}_0000.nii.gz"))
+        out = nib.load(str(tmp_path / "out" / f"{case}.nii.gz"))
+        assert out.shape == src.shape and np.allclose(out.affine, src.affine)
+        seg = np.asarray(out.dataobj)
+        assert seg.dtype == np.uint8 and set(np.unique(seg)) <= {0, 1, 2} and seg.any()
+    # a case given with another number of channels than the model's
+    shutil.copy(new / "lps_0000.nii.gz", new / "lps_0001.nii.gz")
+    with pytest.raises(
+        VoxjetError, match=r"case 'lps' has 2 channel\(s\), the model was trained on 1"
+    ):
+        run_predict(str(segmenter / "run" / "model.pt"), [str(new)], str(tmp_path / "out2"))
+
+
+def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, tmp_path):
+    from voxjet.export import export_model
+    from voxjet.predict import run_predict
+    from voxjet.volumes.bundle import run_bundle
+
+    case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
+    bundle = export_model(segmenter / "run" / "model.pt", "bundle", tmp_path / "export")
+    for f in ("configs/inference.json", "configs/metadata.json", "models/model.ts"):
+        assert (bundle / f).is_file()
+    run_bundle(bundle, [str(case)], tmp_path / "monai")
+    run_predict(str(segmenter / "run" / "model.pt"), [str(case)], str(tmp_path / "voxjet"))
+    (theirs,) = (tmp_path / "monai").glob("*.nii.gz")
+    a = nib.load(str(theirs))
+    b = nib.load(str(tmp_path / "voxjet" / case.name.replace("_0000", "")))
+    assert a.shape[:3] == b.shape and np.allclose(a.affine, b.affine, atol=1e-4)
+    sa, sb = np.asarray(a.dataobj).reshape(b.shape), np.asarray(b.dataobj)
+    # the same preparation expressed in MONAI's transforms: resampling rounds grids apart by
+    # a voxel at most, so boundaries may move by one
+    assert (sa == sb).mean() > 0.99
+    for c in (1, 2):
+        inter = ((sa == c) & (sb == c)).sum()
+        if (sb == c).sum() > 50:
+            assert 2 * inter / ((sa == c).sum() + (sb == c).sum()) > 0.9

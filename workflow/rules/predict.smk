@@ -1,0 +1,30 @@
+# Apply a trained model to new data (the config's `predict:` section): one job a chunk of the
+# inputs, on the experiment's launch resources; the outputs of a chunk land in its folder.
+
+
+rule predict:
+    input:
+        models=predict_models,
+    output:
+        directory("results/predict/{name}/part_{chunk}"),
+    params:
+        inputs=predict_inputs,
+        options=predict_options,
+        launch=predict_launch,
+    log:
+        "logs/predict/{name}/{chunk}.log",
+    benchmark:
+        "results/benchmarks/predict/{name}/{chunk}.tsv"
+    wildcard_constraints:
+        name=one_of(list(PREDICTIONS)),
+        chunk=r"\d{4}",
+    threads: lambda wildcards: predict_launch_value(wildcards, "threads")
+    resources:
+        gpu=lambda wildcards: predict_launch_value(wildcards, "gpus"),
+        mem_mb=lambda wildcards: predict_launch_value(wildcards, "mem_mb"),
+        runtime=lambda wildcards: predict_launch_value(wildcards, "runtime"),
+    conda:
+        ENV
+    shell:
+        "voxjet launch {params.launch} --threads {threads} -- predict --model {input.models}"
+        " --input {params.inputs} --out {output} {params.options} > {log} 2>&1"

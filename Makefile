@@ -19,7 +19,7 @@ TORCH_INDEX ?= $(shell \
   elif $(PYTHON) -m pip install --dry-run --no-index --no-deps -q torch==$(TORCH_VERSION) >/dev/null 2>&1; then echo ""; \
   else echo "--index-url https://download.pytorch.org/whl/cpu"; fi)
 
-.PHONY: venv dev-venv demo dryrun test test-fast lint clean-demo
+.PHONY: venv dev-venv bench-venv demo dryrun test test-fast lint clean-demo
 
 venv: $(VENV)/.installed
 dev-venv: $(VENV)/.installed-dev
@@ -38,6 +38,19 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
 	$(BIN)/pip install -e ".[dev]"
 	touch $@ $(VENV)/.installed
+
+# The benchmarks' peers (nnU-Net v2) in a venv of their own, the same torch pinned (their
+# dependencies would otherwise pull another torch build): .venv-bench/bin/python benchmarks/...
+BENCH_VENV ?= .venv-bench
+bench-venv: $(BENCH_VENV)/.installed
+
+$(BENCH_VENV)/.installed: pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -c "import torch" 2>/dev/null || $(BENCH_VENV)/bin/pip install $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
+	echo "torch==$$($(BENCH_VENV)/bin/python -c 'import torch; print(torch.__version__)')" > $(BENCH_VENV)/constraints.txt
+	$(BENCH_VENV)/bin/pip install -c $(BENCH_VENV)/constraints.txt -e ".[bench]"
+	touch $@
 
 demo: venv
 	$(RUN) $(BIN)/snakemake --cores $(CORES)

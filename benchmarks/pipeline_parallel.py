@@ -28,7 +28,7 @@ import torch
 from monai.losses import DiceCELoss
 
 from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import split_unet
+from voxjet.volumes.unet_stages import split_network
 
 CHANNELS = [16, 32, 64, 128]
 MEM_PATCH, MEM_BATCH = [96, 96, 96], 2
@@ -88,7 +88,7 @@ def pipelined(out: str) -> None:
     res = {}
     x, y = _data(MEM_BATCH, MEM_PATCH)
     pp = PipelineParallel(
-        split_unet(model, 2, 1, MEM_PATCH), PipelineConfig(2, 2, "1f1b"), rt, loss_fn
+        split_network(model, 2, 1, MEM_PATCH), PipelineConfig(2, 2, "1f1b"), rt, loss_fn
     )
     base = _rss_mb()
     pp.step(x, y)
@@ -97,7 +97,7 @@ def pipelined(out: str) -> None:
     res["time"] = {}
     for m in MICRO:
         pp = PipelineParallel(
-            split_unet(model, 2, 1, TIME_PATCH), PipelineConfig(2, m, "gpipe"), rt, loss_fn
+            split_network(model, 2, 1, TIME_PATCH), PipelineConfig(2, m, "gpipe"), rt, loss_fn
         )
         times = []
         for _ in range(6):

@@ -1,16 +1,23 @@
 """Volume I/O, measured side by side in one run on the same synthetic CT cases:
 
-1. patches/s of the voxjet patch loader (preprocessed HDF5 case files) ÷ a MONAI baseline
-   (LoadImaged from .nii.gz, EnsureChannelFirstd, RandCropByPosNegLabeld, DataLoader);
-   same patch size, batch size and workers. Target >= 10.
-2. preprocessing throughput (RAS, crop, resample, normalise, write) ÷ nibabel loading the same
-   files alone. Target >= 0.3.
-3. a random patch read from a case file ÷ the same read from an uncompressed memory-mapped
+1. patches/s of the voxjet patch loader (preprocessed HDF5 case files) ÷ the real nnU-Net v2
+   loader (nnUNetDataLoader over its blosc2 files, `bench` extra), same patch, batch and
+   foreground share, one process each: with voxjet's decoded-chunk cache holding the whole
+   dataset and holding 10% of it, and with each side's training augmentation on (nnU-Net's
+   whole training pipeline; voxjet's spatial and intensity transforms). Target >= 2.
+2. preprocessing, as each runs it, ÷ nnU-Net's: `voxjet preprocess-case` one process a case
+   (what a workflow job runs, imports included) against `nnUNetv2_preprocess -np 1` over all
+   cases, per case. Target >= 1.
+3. patches/s of the voxjet loader ÷ a MONAI baseline (LoadImaged from .nii.gz,
+   EnsureChannelFirstd, RandCropByPosNegLabeld, DataLoader). Target >= 10.
+4. a random patch read from a case file ÷ the same read from an uncompressed memory-mapped
    .npy of the same array. Target >= 0.5.
-4. patches/s of the loader with the case files' checksums verified (fletcher32) ÷ the same case
-   files written without checksums. Target >= 0.9.
+5. patches/s of the loader with the case files' checksums verified (fletcher32) ÷ the same case
+   files written without checksums, no cache. Target >= 0.9.
 
-    .venv/bin/python benchmarks/volumes_io.py [--cases 6] [--shape 192 192 96] [--patch 96 96 48]
+    .venv/bin/python benchmarks/volumes_io.py [--cases 6] [--shape 192 192 96] [--patch 128 128 64]
+
+Without nnU-Net installed (`pip install -e '.[bench]'`) its rows say so and are left out.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 
 
@@ -35,6 +41,7 @@ def bench_loader(
     n: int,
     monai: bool = True,
     cache_bytes: int = 512 << 20,
+    augment: bool = False,
 ) -> tuple[float, float]:
     """(voxjet patches/s, MONAI patches/s or nan); `cache_bytes` 0 decodes on every read."""
     from monai.data import DataLoader, Dataset
@@ -43,7 +50,9 @@ def bench_loader(
     from voxjet.volumes.patches import CaseStore, PatchSampler
 
     store = CaseStore(cases_dir, case_ids, cache_bytes=cache_bytes)
-    sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0)
+    plan = cases_dir / "plan.json"
+    spacing = json.loads(plan.read_text()).get("target_spacing") if plan.is_file() else None
+    sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0, augment=augment, spacing=spacing)
     sampler.batch(0, 0, 0)
     t = time.perf_counter()
     for i in range(n):
@@ -86,25 +95,32 @@ def bench_loader(
     return ours, monai
 
 
-def bench_preprocess(msd: Path, out: Path, patch: list[int]) -> tuple[float, float]:
-    """(seconds to preprocess every case, seconds for nibabel to load them)."""
-    from voxjet.volumes.msd import load_dataset
-    from voxjet.volumes.preprocess import VolumePrepConfig, fingerprint, make_plan, preprocess_case
+def bench_preprocess(msd: Path, out: Path, patch: list[int],
+                    spacing: list[float] | None) -> tuple[float, int]:  # fmt: skip
+    """(seconds of every `voxjet preprocess-case` job, cases): the workflow's per-case
+    command, one process a case, after the (untimed) `voxjet plan-volumes`."""
+    import subprocess
 
-    ds = load_dataset(msd)
-    cfg = VolumePrepConfig(patch_size=patch)  # chunks follow the patch, as in training
-    fp = fingerprint(ds, [c.case_id for c in ds.cases], cfg)
-    plan = make_plan(fp, cfg)
-    t = time.perf_counter()
-    for c in ds.cases:
-        np.asarray(nib.load(ds.path(c.image)).dataobj)
-        np.asarray(nib.load(ds.path(c.label)).dataobj)
-    load = time.perf_counter() - t
+    exe = Path(sys.executable).parent / "voxjet"
+    manifest = out.parent / "manifest.json"
+    manifest.write_text(json.dumps({"root": str(msd), "files": []}))
+    cfg = {"patch_size": patch, "network_depth": 3, "target_spacing": spacing}
+    plan = out.parent / "plan"
+    subprocess.run([str(exe), "plan-volumes", "--manifest", str(manifest), "--out", str(plan),
+                    "--config", json.dumps(cfg)], check=True, capture_output=True)  # fmt: skip
+    ids = sorted(json.loads((plan / "splits.json").read_text())[k] for k in ("train", "val",
+                 "test"))  # fmt: skip
+    ids = sorted(c for part in ids for c in part)
     out.mkdir()
     t = time.perf_counter()
-    for c in ds.cases:
-        preprocess_case(ds, c, plan, fp, out / f"{c.case_id}.h5", cfg)
-    return time.perf_counter() - t, load
+    for c in ids:
+        subprocess.run([str(exe), "preprocess-case", "--manifest", str(manifest), "--plan",
+                        str(plan), "--case", c, "--out", str(out / f"{c}.h5")],
+                       check=True, capture_output=True)  # fmt: skip
+    seconds = time.perf_counter() - t
+    subprocess.run([str(exe), "gather-cases", "--plan", str(plan), "--cases", str(out)],
+                   check=True, capture_output=True)  # fmt: skip
+    return seconds, len(ids)
 
 
 def bench_patch_read(
@@ -140,29 +156,62 @@ def bench_patch_read(
     return h5, (time.perf_counter() - t) / n
 
 
+def _decoded_bytes(cases_dir: Path, ids: list[str]) -> int:
+    import h5py
+
+    total = 0
+    for c in ids:
+        with h5py.File(cases_dir / f"{c}.h5") as f:
+            total += f["image"].size * 4 + f["label"].size
+    return total
+
+
+def _row(name: str, ratio: float, target: float, detail: str) -> None:
+    verdict = "PASS" if ratio >= target else "FAIL"
+    print(f"{name:<78} {ratio:7.2f} (target >= {target}) {verdict}  [{detail}]")
+
+
 def main() -> None:
+    import nnunet_peer
+
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cases", type=int, default=6)
     ap.add_argument("--shape", type=int, nargs=3, default=[192, 192, 96])
-    ap.add_argument("--patch", type=int, nargs=3, default=[96, 96, 48])
+    ap.add_argument("--patch", type=int, nargs=3, default=[128, 128, 64])
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--batches", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=30)
     a = ap.parse_args()
+    peer = nnunet_peer.available()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         cfg = ToyVolumesConfig(
             train_cases=a.cases, test_cases=0, min_shape=tuple(a.shape), max_shape=tuple(a.shape)
         )
         msd = generate_dataset(d / "msd", cfg, progress=False)
-        prep, load = bench_preprocess(msd, d / "cases", a.patch)
-        ids = [
-            c["image"].split("/")[-1][:-7]
-            for c in json.loads((msd / "dataset.json").read_text())["training"]
-        ]
-        (d / "cases" / "plan.json").write_text("{}")
-        ours, monai = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches)
+        spacing = nn = None
+        if peer:
+            nn = nnunet_peer.plan_and_preprocess(msd, d / "nnunet", a.patch)
+            # the same target spacing on both sides (nnU-Net's is z, y, x)
+            spacing = list(reversed(nn["plans"]["configurations"]["3d_fullres"]["spacing"]))
+        prep, n_cases = bench_preprocess(msd, d / "cases", a.patch, spacing)
+        ids = sorted(p.stem for p in (d / "cases").glob("*.h5"))
+        total = _decoded_bytes(d / "cases", ids)
+        print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}; decoded dataset "
+              f"{total / 2**20:.0f} MiB")  # fmt: skip
+        rates = {}
+        for name, cache, augment in (("all", 2 * total, False), ("10%", total // 10, False),
+                                     ("aug", 2 * total, True)):  # fmt: skip
+            rates[name] = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches,
+                                       monai=(name == "all"), cache_bytes=cache,
+                                       augment=augment)  # fmt: skip
+        if peer:
+            theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet")
+            aug = nnunet_peer.loader_rate(nn, a.patch, a.batch, max(4, a.batches // 5), True,
+                                          d / "nnunet")  # fmt: skip
+            print(f"preprocessed shapes (x, y, z): voxjet {_shapes(d / 'cases', ids)}, nnU-Net "
+                  f"{[tuple(reversed(s)) for s in nnunet_peer.case_shapes(nn)]}")  # fmt: skip
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from unchecked import copy_without_checksums
 
@@ -172,39 +221,37 @@ def main() -> None:
         checked = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches, **same)
         unchecked = bench_loader(plain, msd, ids, a.patch, a.batch, a.batches, **same)
         h5, npy = bench_patch_read(d / "cases", ids[0], d, a.patch, 50)
-    rows = [
-        (
-            "loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)",
-            ours / monai,
-            10,
-            f"{ours:.1f} vs {monai:.1f} patches/s",
-        ),
-        (
-            "preprocessing ÷ nibabel load alone (throughput)",
-            load / prep,
-            0.3,
-            f"{prep:.2f} s vs {load:.2f} s for {a.cases} cases",
-        ),
-        (
-            "random patch read: case file ÷ memory-mapped .npy (speed)",
-            npy / h5,
-            0.5,
-            f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms",
-        ),
-        (
-            "loader patches/s, no cache: checksums verified ÷ case files without them",
-            checked[0] / unchecked[0],
-            0.9,
-            f"{checked[0]:.1f} vs {unchecked[0]:.1f} patches/s",
-        ),
-    ]
-    print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}")
-    for name, ratio, target, detail in rows:
-        print(
-            f"{name:<72} {ratio:7.2f} (target >= {target}) "
-            f"{'PASS' if ratio >= target else 'FAIL'}  [{detail}]"
-        )
+    if peer:
+        for name, label in (("all", "cache holds the dataset"), ("10%", "cache holds 10% of it")):
+            _row(f"loader patches/s ÷ nnU-Net's nnUNetDataLoader, {label}", rates[name][0] / theirs,
+                 2, f"{rates[name][0]:.1f} vs {theirs:.1f} patches/s")  # fmt: skip
+        _row("loader patches/s ÷ nnU-Net's, both with training augmentation", rates["aug"][0] / aug,
+             2, f"{rates['aug'][0]:.1f} vs {aug:.1f} patches/s")  # fmt: skip
+        mine, theirs_case = prep / n_cases, nn["seconds"] / nn["cases"]
+        _row("preprocessing a case (voxjet preprocess-case jobs) ÷ nnUNetv2_preprocess -np 1",
+             theirs_case / mine, 1.0, f"{mine:.2f} s vs {theirs_case:.2f} s a case")  # fmt: skip
+    else:
+        print("nnU-Net rows left out: nnunetv2 is not installed (pip install -e '.[bench]')")
+    ours, monai = rates["all"]
+    _row("loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)", ours / monai,
+         10, f"{ours:.1f} vs {monai:.1f} patches/s")  # fmt: skip
+    _row("random patch read: case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,
+         f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms")  # fmt: skip
+    _row("loader patches/s, no cache: checksums verified ÷ case files without them",
+         checked[0] / unchecked[0], 0.9,
+         f"{checked[0]:.1f} vs {unchecked[0]:.1f} patches/s")  # fmt: skip
+
+
+def _shapes(cases_dir: Path, ids: list[str]) -> list[tuple[int, ...]]:
+    import h5py
+
+    out = []
+    for c in ids:
+        with h5py.File(cases_dir / f"{c}.h5") as f:
+            out.append(tuple(int(x) for x in f["label"].shape))
+    return out
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

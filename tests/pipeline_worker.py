@@ -12,7 +12,7 @@ from monai.losses import DiceCELoss
 from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
 from voxjet.distributed.runtime import init_runtime, shutdown
 from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import split_unet
+from voxjet.volumes.unet_stages import split_network
 
 PATCH = [16, 16, 16]
 
@@ -33,7 +33,7 @@ def main(out: str, schedule: str, stages: int, microbatches: int, steps: int, ba
     model, x, y = problem(batch * dp)
     cfg = PipelineConfig(stages=stages, microbatches=microbatches, schedule=schedule)
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
-    pp = PipelineParallel(split_unet(model, stages, 1, PATCH), cfg, rt, loss_fn)
+    pp = PipelineParallel(split_network(model, stages, 1, PATCH), cfg, rt, loss_fn)
     rows = slice(pp.dp_rank * batch, (pp.dp_rank + 1) * batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses, grads = [], None

@@ -67,25 +67,32 @@ def test_read_options_default_to_the_schemas_read_section():
     )
 
 
+# keys whose null default means "what the plan derived", filled in before the constructor
+FROM_PLAN = {("dynunet", "filters")}
+
+
 def test_model_defaults_are_the_constructors():
     from voxjet.jets.models import PFN
     from voxjet.jets.part import ParT
     from voxjet.jets.particlenet import ParticleNet
-    from voxjet.volumes.models import build_unet
+    from voxjet.volumes.models import build_dynunet, build_unet
 
     def as_config(v):  # tuples in signatures, lists in YAML
         return [as_config(x) for x in v] if isinstance(v, tuple | list) else v
 
     for branch in node(SCHEMA, "$defs/model")["allOf"]:
         name = branch["if"]["properties"]["name"]["const"]
-        ctor = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT, "unet": build_unet}[name]
+        ctor = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT, "unet": build_unet,
+                "dynunet": build_dynunet}[name]  # fmt: skip
         params = inspect.signature(ctor).parameters
         props = branch["then"]["properties"]
         for key, prop in props.items():
             if key == "name":
                 continue
             assert key in params, f"model {name}: schema key {key} is no constructor argument"
-            if "default" in prop:
+            if (name, key) in FROM_PLAN:  # null in the config: the plan's value is passed
+                assert prop["default"] is None and params[key].default is inspect.Parameter.empty
+            elif "default" in prop:
                 assert as_config(params[key].default) == prop["default"], (name, key)
             else:
                 assert params[key].default is inspect.Parameter.empty, (name, key)

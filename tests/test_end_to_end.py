@@ -190,6 +190,10 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     rerun = run_snakemake(workflow_dir, *README["rerun-shards"][1:])
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert set(job_counts(_out(rerun))) - {"all"} == {"shard_jets", "index_jets"}
+    # the volume preprocessing alone: one job a case and the gathering, nothing downstream
+    prep = run_snakemake(workflow_dir, *README["rerun-preprocess"][1:])
+    assert prep.returncode == 0, prep.stderr[-3000:]
+    assert job_counts(_out(prep)) == {"preprocess_case": 7, "gather_cases": 1}
     restage = run_snakemake(workflow_dir, *README["restage"][1:])
     assert restage.returncode == 0, restage.stderr[-3000:]
     assert set(job_counts(_out(restage))) - {"all"} == {"stage"}

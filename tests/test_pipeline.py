@@ -16,14 +16,14 @@ from pipeline_worker import problem
 from voxjet.distributed.pipeline import bubble_fraction
 from voxjet.errors import VoxjetError
 from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import balanced_cuts, op_costs, split_unet, unet_ops
+from voxjet.volumes.unet_stages import balanced_cuts, op_costs, split_network, unet_ops
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_stages_chained_are_the_unet(k):
     torch.manual_seed(0)
     unet = build_unet(2, 3, [4, 8, 16, 32], num_res_units=1)
-    stages = split_unet(unet, k, 2, [32, 32, 16])
+    stages = split_network(unet, k, 2, [32, 32, 16])
     x = torch.randn(2, 2, 32, 32, 16)
     out = x
     for s in stages:

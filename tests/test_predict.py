@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import awkward as ak
 import h5py
 import nibabel as nib
 import numpy as np
@@ -42,13 +43,21 @@ def tagger(tmp_path_factory):
     return d
 
 
+def _write_tree(dst, arrays, keep) -> None:
+    """A TTree (uproot's `out[name] = ...` would write an RNTuple) of the `keep` branches,
+    particle branches grouped under one counter as JetClass has them."""
+    part = ak.zip({k.removeprefix("part_"): arrays[k] for k in keep if k.startswith("part_")})
+    flat = {k: arrays[k] for k in keep if not k.startswith("part_") and k != "npart"}
+    with uproot.recreate(dst) as out:
+        branches = {"part": part, **flat}
+        out.mktree("tree", {k: v.type for k, v in branches.items()}).extend(branches)
+
+
 def _without_labels(src, dst) -> None:
     """A copy of a ROOT file without its label branches (new data: nobody knows the truth)."""
     with uproot.open(src) as f:
         arrays = f["tree"].arrays(library="ak")
-    keep = [k for k in arrays.fields if not k.startswith("label_")]
-    with uproot.recreate(dst) as out:
-        out["tree"] = {k: arrays[k] for k in keep}
+    _write_tree(dst, arrays, [k for k in arrays.fields if not k.startswith("label_")])
 
 
 def test_unlabelled_unsharded_files_score_as_evaluation_did(tagger, tmp_path):
@@ -65,7 +74,7 @@ def test_unlabelled_unsharded_files_score_as_evaluation_did(tagger, tmp_path):
         sources = [str(s) for s in p.attrs["source_files"]]
     for k, name in enumerate(sources):
         with uproot.open(new / name) as fin, uproot.open(tmp_path / "out" / name) as fout:
-            assert "label_QCD" not in fin["tree"]
+            assert "label_QCD" not in fin["tree"] and fin["tree"].classname == "TTree"
             src, got = fin["tree"], fout["tree"].arrays(library="np")
             n = src.num_entries
             assert len(got["selected"]) == n  # every entry, in order
@@ -86,8 +95,7 @@ def test_a_file_lacking_a_branch_the_model_needs_is_named(tagger, tmp_path):
     src = next((tagger / "raw").glob("*.root"))
     with uproot.open(src) as f:
         arrays = f["tree"].arrays(library="ak")
-    with uproot.recreate(tmp_path / "bad.root") as out:
-        out["tree"] = {k: arrays[k] for k in arrays.fields if k != "part_dphi"}
+    _write_tree(tmp_path / "bad.root", arrays, [k for k in arrays.fields if k != "part_dphi"])
     with pytest.raises(
         VoxjetError, match=r"bad\.root: tree 'tree' lacks the branches \['part_dphi'\]"
     ):
@@ -192,13 +200,21 @@ def test_unseen_cases_in_other_orientations_segment_onto_their_own_grid(segmente
     new.mkdir()
     _restored(ts[0], new / "lps_0000.nii.gz", (0, 1, 2), (True, True, False), (1.0, 1.0, 1.0))
     _restored(ts[1], new / "psr_0000.nii.gz", (1, 2, 0), (True, False, False), (1.5, 1, 3))
-    run_predict(str(segmenter / "run" / "model.pt"), [str(new)], str(tmp_path / "out"))
+    run_predict(str(segmenter / "run" / "model.pt"), [str(new)], str(tmp_path / "out"),
+                probabilities=True)  # fmt: skip
     for case in ("lps", "psr"):
         src = nib.load(str(new / f"{case}_0000.nii.gz"))
         out = nib.load(str(tmp_path / "out" / f"{case}.nii.gz"))
         assert out.shape == src.shape and np.allclose(out.affine, src.affine)
         seg = np.asarray(out.dataobj)
         assert seg.dtype == np.uint8 and set(np.unique(seg)) <= {0, 1, 2} and seg.any()
+        # the class probabilities on the same grid, in the same axis order: they sum to 1 and
+        # their arg-max is the label map (up to boundary voxels, resampled another way)
+        soft = nib.load(str(tmp_path / "out" / f"{case}_probabilities.nii.gz"))
+        p = np.asarray(soft.dataobj)
+        assert p.shape == (*src.shape, 3) and np.allclose(soft.affine, src.affine)
+        np.testing.assert_allclose(p.sum(-1), 1, atol=1e-4)
+        assert (p.argmax(-1) == seg).mean() > 0.98
     # a case given with another number of channels than the model's
     shutil.copy(new / "lps_0000.nii.gz", new / "lps_0001.nii.gz")
     with pytest.raises(

@@ -197,8 +197,13 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
     (group,) = [o for o in sum(submitted.values(), []) if "group_preprocess" in o["--output"]]
     assert submitted["rule_train_seg"][0]["--partition"] == "gpu"
     # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun
+    # (its evaluation runs on the experiment's processes too)
     multi = [a for a in calls(state, "srun") if any("--nnodes=2" in x for x in a)]
-    assert len(multi) == 1 and options(multi[0])["--nodes"] == "2"
+    assert sorted(next(x for x in a if x in ("train-jets", "evaluate-jets")) for a in multi) == [
+        "evaluate-jets",
+        "train-jets",
+    ]
+    assert all(options(a)["--nodes"] == "2" for a in multi)
     runs = workflow_dir / "results" / "toy_jets" / "runs"
     assert torch.load(runs / "pfn-2node" / "model.pt", weights_only=True)["world_size"] == 2
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()

@@ -18,12 +18,7 @@ from voxjet.volumes.geometry import plan_shape, zoom_to
 from voxjet.volumes.inference import seg_metrics
 from voxjet.volumes.msd import load_dataset
 from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes, read_patch
-from voxjet.volumes.preprocess import (
-    VolumePrepConfig,
-    make_plan,
-    preprocess_dataset,
-    target_spacing,
-)
+from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
 from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
 SMALL = ToyVolumesConfig(
@@ -45,37 +40,6 @@ def cases(toy_msd, tmp_path_factory):
         manifest, out / "cases", VolumePrepConfig(patch_size=[32, 32, 16], network_depth=2)
     )
     return out / "cases"
-
-
-def test_memory_estimate_matches_a_measured_peak_on_cpu():
-    from memory_probe import measure_peak_bytes
-
-    from voxjet.volumes.memory import estimate_bytes
-
-    # a configuration the constants were not fitted on
-    patch, channels = [72, 72, 32], [24, 48, 96]
-    measured = measure_peak_bytes(patch, channels, batch=2, num_res_units=1, out_channels=3)
-    estimated = estimate_bytes(patch, channels, 2, 1, 3, num_res_units=1, gpu=False)
-    assert 0.7 < measured / estimated < 1.35, (measured, estimated)
-
-
-def test_plan_shrinks_patch_to_budget_then_plans_pipeline_stages():
-    from voxjet.volumes.memory import estimate_bytes, plan_patch_and_batch
-
-    ch = [32, 64, 128, 256, 320]
-    big = plan_patch_and_batch([300, 300, 200], ch, 4.0, 1, 2, 1e10)
-    small = plan_patch_and_batch([300, 300, 200], ch, 12.0, 1, 2, 1e10)
-    assert np.prod(big["patch_size"]) < np.prod(small["patch_size"])
-    assert all(p % 16 == 0 for p in big["patch_size"]) and big["pipeline_stages"] == 1
-    assert big["estimated_gpu_memory_gb"] <= 4.0
-    assert estimate_bytes(big["patch_size"], ch, big["batch_size"], 1, 2) <= 4 * 1024**3
-    # a fixed patch too large for one GPU: cut the model into stages
-    fixed = plan_patch_and_batch([512, 512, 512], ch, 8.0, 1, 2, 1e10, patch=[256, 256, 256])
-    assert fixed["patch_size"] == [256, 256, 256] and fixed["pipeline_stages"] >= 2
-    assert fixed["estimated_gpu_memory_gb"] / fixed["pipeline_stages"] <= 8.0
-    # the batch stays under 5% of the dataset's voxels
-    tiny = plan_patch_and_batch([32, 32, 32], [8, 16], 80.0, 1, 2, 32**3 * 100)
-    assert tiny["batch_size"] * 32**3 <= 0.05 * 32**3 * 100
 
 
 def test_toy_dataset_is_msd_layout_with_varied_geometry(toy_msd):
@@ -147,29 +111,6 @@ def test_dataset_json_errors_name_the_problem(tmp_path):
     (tmp_path / "dataset.json").write_text("{}")
     with pytest.raises(VoxjetError, match="neither the MSD form"):
         load_dataset(tmp_path)
-
-
-def test_target_spacing_follows_nnunet_rule():
-    iso = [[1.0, 1.0, 1.0], [1.2, 1.2, 1.2], [0.8, 0.8, 0.8]]
-    assert target_spacing(iso) == [1.0, 1.0, 1.0]
-    thick = [[0.8, 0.8, 5.0], [0.8, 0.8, 4.0], [0.8, 0.8, 3.0], [0.8, 0.8, 5.0]]
-    t = target_spacing(thick)
-    assert t[:2] == [0.8, 0.8] and t[2] == pytest.approx(np.percentile([5, 4, 3, 5], 10))
-
-
-def test_plan_patch_fits_median_case_and_network():
-    fp = {
-        "spacings": [[1, 1, 1]] * 3,
-        "median_spacing": [1, 1, 1],
-        "median_shape": [70, 50, 20],
-        "shapes": [[70, 50, 20]] * 3,
-        "labels": {0: "bg", 1: "x"},
-        "modality": "CT",
-    }
-    plan = make_plan(fp, VolumePrepConfig(patch_size=[64, 64, 64], network_depth=3))
-    # capped to the median case rounded up to a multiple of 2**3
-    assert plan["patch_size"] == [64, 56, 24] and plan["normalization"] == "ct"
-    assert plan["batch_size"] >= 2 and plan["pipeline_stages"] == 1
 
 
 def test_resample_shapes():
@@ -245,11 +186,19 @@ def test_read_patch_pads_outside_the_volume_and_matches_hdf5(cases):
 def test_seg_metrics_dice_and_hd95():
     label = np.zeros((20, 20, 20), np.uint8)
     label[5:15, 5:15, 5:15] = 1
-    m = seg_metrics(label.copy(), label, 3)
-    assert m[1]["dice"] == 1.0 and m[1]["hd95"] == 0.0 and not m[2]["present"]
+    plan = {"labels": {0: "background", 1: "organ", 2: "lesion"}, "num_classes": 3}
+    m = seg_metrics(label.copy(), label, plan)
+    assert m["organ"]["dice"] == 1.0 and m["organ"]["hd95"] == 0.0
+    assert not m["lesion"]["present"]
     shifted = np.roll(label, 2, axis=0)
-    m = seg_metrics(shifted, label, 2, spacing=[2.0, 1.0, 1.0])
-    assert m[1]["dice"] == pytest.approx(0.8) and m[1]["hd95"] == pytest.approx(4.0)
+    m = seg_metrics(shifted, label, plan, spacing=[2.0, 1.0, 1.0])
+    assert m["organ"]["dice"] == pytest.approx(0.8) and m["organ"]["hd95"] == pytest.approx(4.0)
+    # regions: overlapping masks of label values, each scored on its own
+    regions = {**plan, "regions": {"whole": [1, 2], "core": [2]}, "region_order": [1, 2]}
+    two = label.copy()
+    two[8:12, 8:12, 8:12] = 2
+    m = seg_metrics(label, two, regions)
+    assert m["whole"]["dice"] == 1.0 and m["core"]["dice"] == 0.0
 
 
 def test_preprocess_real_mni_template(tmp_path):
@@ -258,7 +207,7 @@ def test_preprocess_real_mni_template(tmp_path):
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"root": str(root)}))
     plan = preprocess_dataset(manifest, tmp_path / "cases", VolumePrepConfig(patch_size=[32] * 3))
-    assert plan["normalization"] == "zscore" and plan["target_spacing"] == [3.0, 3.0, 3.0]
+    assert plan["normalization"] == ["zscore"] and plan["target_spacing"] == [3.0, 3.0, 3.0]
     with h5py.File(tmp_path / "cases" / "mni_0.h5") as f:
         assert abs(float(f["image"][...].mean())) < 1e-3  # per-case z-score
 
@@ -309,7 +258,7 @@ def _msd(root, cases, labels=None, modality="CT"):
     (root / "dataset.json").write_text(
         json.dumps(
             {
-                "modality": {"0": modality},
+                "modality": {str(i): m for i, m in enumerate(modality.split(","))},
                 "labels": labels or {"0": "bg", "1": "organ"},
                 "training": training,
             }
@@ -344,7 +293,7 @@ def _manifest(tmp_path, root):
         ("affine", r"labelsTr/c_001\.nii\.gz: affine differs"),
         ("values", r"labelsTr/c_001\.nii\.gz: label values \[7\] are not declared"),
         ("empty", r"labelsTr/c_001\.nii\.gz: no foreground"),
-        ("notnifti", r"imagesTr/c_001\.nii\.gz: not a readable NIfTI image"),
+        ("notnifti", r"imagesTr/c_001\.nii\.gz: not a readable image"),
     ],
 )
 def test_bad_cases_fail_naming_file_and_problem_or_are_skipped(tmp_path, problem, match):
@@ -412,7 +361,7 @@ def test_label_round_trip_through_plan_space_on_non_ras_anisotropic_input(tmp_pa
 def test_multichannel_images_keep_channels(tmp_path):
     img, lbl, aff = _blob_case()
     two = np.stack([img, -img], -1).astype(np.float32)
-    root = _msd(tmp_path / "ds", [(two, lbl, aff)] * 3, modality="MRI")
+    root = _msd(tmp_path / "ds", [(two, lbl, aff)] * 3, modality="MRI,MRI")
     preprocess_dataset(
         _manifest(tmp_path, root),
         tmp_path / "out",
@@ -421,6 +370,12 @@ def test_multichannel_images_keep_channels(tmp_path):
     with h5py.File(tmp_path / "out" / "c_000.h5") as f:
         assert f["image"].shape[0] == 2
         np.testing.assert_allclose(f["image"][0].mean(), 0, atol=1e-4)  # z-scored per channel
+    # an MSD 4-D image with more channels than `modality` declares: refused, not cut
+    root = _msd(tmp_path / "ds1", [(two, lbl, aff)] * 3, modality="MRI")
+    with pytest.raises(VoxjetError, match=r"c_000.nii.gz: case c_000 has 2 channel\(s\), "
+                       r"dataset.json declares 1"):  # fmt: skip
+        preprocess_dataset(_manifest(tmp_path, root), tmp_path / "out1",
+                           VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))  # fmt: skip
 
 
 def test_nibabel_shipped_nifti_files_load_and_reorient():

@@ -3,12 +3,16 @@ errors that stop before any job, and the example configs for real datasets."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 import yaml
 from conftest import REPO, job_counts, run_snakemake, write_config
 from readme import README
 
-# One preprocess_case job a case joins once plan_volumes (a checkpoint) has read dataset.json.
+# One preprocess_case job a case: the cases are known at the dry run (the generator's, or
+# dataset.json's at the source).
 DEMO_JOBS = {
     "synth_jets": 1,
     "synth_volumes": 1,
@@ -16,6 +20,7 @@ DEMO_JOBS = {
     "shard_jets": 2,
     "index_jets": 1,
     "plan_volumes": 1,
+    "preprocess_case": 16,
     "gather_cases": 1,
     "train_jets": 4,
     "train_seg": 2,
@@ -109,9 +114,16 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
     jetclass.mkdir(parents=True)
     for c in ("HToBB", "ZJetsToNuNu"):
         (jetclass / f"{c}_000.root").write_bytes(b"")
-    spleen = tmp_path / "Task09_Spleen"
-    (spleen / "imagesTr").mkdir(parents=True)
-    (spleen / "dataset.json").write_text("{}")
+    spleen = tmp_path / "Task09_Spleen"  # the MSD layout (the cases are read at the dry run)
+    training = []
+    for sub in ("imagesTr", "labelsTr"):
+        (spleen / sub).mkdir(parents=True)
+        for c in ("spleen_2", "spleen_3"):
+            (spleen / sub / f"{c}.nii.gz").write_bytes(b"")
+    for c in ("spleen_2", "spleen_3"):
+        training.append({"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"})
+    (spleen / "dataset.json").write_text(json.dumps({"modality": {"0": "CT"},
+        "labels": {"0": "background", "1": "spleen"}, "training": training}))  # fmt: skip
     for name, path in (("jetclass", jetclass), ("msd_spleen", spleen)):
         cfg = yaml.safe_load((REPO / "config" / "examples" / f"{name}.yaml").read_text())
         ds = next(iter(cfg["datasets"]))
@@ -197,3 +209,53 @@ def test_predict_section_applies_the_sweeps_best_run_in_chunks(workflow_dir, sha
                                                             "Wqq_000.root"]  # fmt: skip
     log = (workflow_dir / "logs" / "predict" / "new" / "0000.log").read_text()
     assert "the best of 2 runs by validation score" in log
+
+
+def test_cross_validation_folds_are_one_job_each_and_predict_takes_all_of_them(
+    workflow_dir, demo_config, tmp_path
+):
+    """`folds: 5` on a volumes experiment: five training jobs (one a fold), and a predict
+    section naming the experiment ensembles their five models in each job."""
+    demo_config["experiments"]["unet"]["folds"] = 5
+    demo_config["experiments"]["unet"].pop("sweep")
+    (tmp_path / "new_0000.nii.gz").write_bytes(b"")  # the dry run only lists the inputs
+    demo_config["predict"] = {"new": {"experiment": "unet", "input": str(tmp_path)}}
+    write_config(workflow_dir / "config" / "config.yaml", demo_config)
+    r = run_snakemake(workflow_dir, "-n", "-p", "--until", "predict")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    jobs = job_counts(r.stdout)
+    assert jobs["train_seg"] == 5 and jobs["predict"] == 1
+    blocks = r.stdout.split("\nrule ")
+    (predict,) = [b for b in blocks if b.startswith("predict:")]
+    for k in range(5):
+        assert f"results/toy_ct/runs/unet_fold-{k}/model.pt" in predict
+    train = [b for b in blocks if b.startswith("train_seg:")]
+    assert sorted(re.search(r'"fold": (\d)', b).group(1) for b in train) == list("01234")
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda c: c["experiments"]["unet"]["model"].update(channels=[8, 16, 32, 64, 128]),
+         "experiments.unet.model.channels': a U-Net of 5 levels halves each axis 4 times, but "
+         "the plan's patch divides by 2^3 only (datasets.toy_ct.volumes.network_depth: 3)"),
+        (lambda c: c["experiments"]["unet"].update(model={"name": "pfn"}),
+         "experiments.unet.model.name': 'pfn' is a jet tagger, but dataset 'toy_ct' holds "
+         "volumes"),
+        (lambda c: c["experiments"]["unet"].update(model={"name": "unet"}),
+         "experiments.unet.model': 'channels' is a required property"),
+        (lambda c: c["datasets"]["toy_ct"]["volumes"].update(test_fraction=0),
+         "datasets.toy_ct.volumes.test_fraction'"),
+        (lambda c: c["experiments"]["pfn"].update(folds=3),
+         "experiments.pfn.folds': cross-validation folds are for volumes datasets"),
+    ],
+)  # fmt: skip
+def test_a_model_that_does_not_fit_its_dataset_stops_the_dry_run(
+    workflow_dir, demo_config, change, message
+):
+    change(demo_config)
+    write_config(workflow_dir / "config" / "config.yaml", demo_config)
+    r = run_snakemake(workflow_dir, "-n")
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Job stats" not in out
+    assert message in out, out[-3000:]

@@ -151,7 +151,7 @@ def _predict(a: argparse.Namespace) -> None:
     from voxjet.predict import run_predict
 
     run_predict(a.model, a.input, a.out, a.observers, a.step_size, a.batch_size, a.overlap,
-                a.mirror)  # fmt: skip
+                a.mirror, a.probabilities)  # fmt: skip
 
 
 def _export(a: argparse.Namespace) -> None:
@@ -331,6 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=4096, help="jets: jets a forward pass")
     s.add_argument("--overlap", type=float, default=0.5, help="volumes: sliding-window overlap")
     s.add_argument("--mirror", action="store_true", help="volumes: average all 8 axis flips")
+    s.add_argument(
+        "--probabilities",
+        action="store_true",
+        help="volumes: also <case>_probabilities.nii.gz (one channel a class)",
+    )
     s.set_defaults(func=_predict)
 
     s = sub.add_parser("export", help="a trained model as ONNX, TorchScript or a MONAI bundle")

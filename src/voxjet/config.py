@@ -93,6 +93,35 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                 f"config key 'experiments.{name}.dataset': no dataset named "
                 f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
             )
+        _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]])
+
+
+JET_MODELS, SEG_MODELS = ("pfn", "particlenet", "part"), ("unet", "dynunet")
+
+
+def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any]) -> None:
+    """A model of the dataset's domain, a U-Net no deeper than the plan's patch allows."""
+    model, domain = exp["model"]["name"], ds["domain"]
+    where = f"config key 'experiments.{name}"
+    fits = JET_MODELS if domain == "jets" else SEG_MODELS
+    if model not in fits:
+        raise VoxjetError(
+            f"{where}.model.name': {model!r} is a "
+            f"{'jet tagger' if model in JET_MODELS else 'segmentation network'}, but dataset "
+            f"{exp['dataset']!r} holds {domain}; use one of {list(fits)}"
+        )
+    if exp.get("folds") and domain != "volumes":
+        raise VoxjetError(f"{where}.folds': cross-validation folds are for volumes datasets")
+    if model == "unet":
+        depth = ds.get("volumes", {}).get("network_depth", 3)
+        levels = len(exp["model"]["channels"]) - 1
+        if levels > depth:
+            raise VoxjetError(
+                f"{where}.model.channels': a U-Net of {levels + 1} levels halves each axis "
+                f"{levels} times, but the plan's patch divides by 2^{depth} only "
+                f"(datasets.{exp['dataset']}.volumes.network_depth: {depth}); give at most "
+                f"{depth + 1} widths, or raise network_depth"
+            )
 
 
 def with_defaults(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
@@ -222,22 +251,28 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
         sweep = exp.get("sweep") or {}
         keys = sorted(sweep)
         base = {"model": exp.get("model", {}), "train": exp.get("train", {})}
+        folds = [None] if not exp.get("folds") else list(range(int(exp["folds"])))
         for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
             params = dict(zip(keys, combo, strict=True))
-            for repeat in range(int(exp.get("repeats", 1))):
+            for fold, repeat in itertools.product(folds, range(int(exp.get("repeats", 1)))):
                 cfg = copy.deepcopy(base)
                 for k, v in params.items():
                     _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
                 if repeat:
                     cfg["train"]["seed"] = int(cfg["train"].get("seed", 0)) + repeat
                 run_id = run_name(name, base, params, repeat)
+                if fold is not None:
+                    cfg["train"]["fold"] = fold
+                    cfg["train"]["folds"] = int(exp["folds"])
+                    run_id = run_id.replace(name, f"{name}_fold-{fold}", 1)
                 if run_id in runs:
                     raise VoxjetError(
                         f"experiments.{name}: two runs would be named {run_id!r}; give the "
                         "sweep values that differ only in punctuation distinct names"
                     )
                 cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
-                info = {**params, **({"repeat": repeat} if repeat else {})}
+                info = {**params, **({"repeat": repeat} if repeat else {}),
+                        **({"fold": fold} if fold is not None else {})}  # fmt: skip
                 runs[run_id] = Run(run_id, name, exp["dataset"], domain, info, cfg)
     return runs
 

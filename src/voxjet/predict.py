@@ -46,17 +46,24 @@ def jet_inputs(inputs: list[str]) -> list[tuple[str, str]]:
     return found
 
 
-def best_model(paths: list[str]) -> str:
-    """Of several runs' model.pt (a sweep), the one with the highest validation score."""
+def choose_models(paths: list[str]) -> list[str]:
+    """Of several runs' model.pt: all of them when they are the folds of one cross-validation
+    (their predictions are averaged, as nnU-Net ensembles its folds), else the one with the
+    highest validation score (a sweep's best)."""
     from voxjet.distributed import checkpoint
 
     if len(paths) == 1:
-        return paths[0]
-    scores = {p: float(checkpoint.load_file(p).get("best_score", float("-inf"))) for p in paths}
+        return list(paths)
+    saved = {p: checkpoint.load_file(p) for p in paths}
+    folds = [s.get("settings", {}).get("fold") for s in saved.values()]
+    if all(f is not None for f in folds):
+        print(f"predict: averaging the {len(paths)} folds' models", file=sys.stderr)
+        return list(paths)
+    scores = {p: float(s.get("best_score", float("-inf"))) for p, s in saved.items()}
     best = max(scores, key=scores.get)
     print(f"predict: the best of {len(paths)} runs by validation score: {best} "
           f"({scores[best]:.4g})", file=sys.stderr)  # fmt: skip
-    return best
+    return [best]
 
 
 def run_predict(
@@ -68,12 +75,13 @@ def run_predict(
     batch_size: int = 4096,
     overlap: float = 0.5,
     mirror: bool = False,
+    probabilities: bool = False,
 ) -> list[Path]:
     """Predict every input with this process's share; returns the outputs written here."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
-    model_path = best_model([model_path] if isinstance(model_path, str) else list(model_path))
-    domain = model_domain(model_path)
+    models = choose_models([model_path] if isinstance(model_path, str) else list(model_path))
+    domain = model_domain(models[0])
     rt = init_runtime()
     try:
         out = Path(out_dir)
@@ -81,11 +89,13 @@ def run_predict(
         if domain != "jets":
             from voxjet.volumes.predict import run_volume_predict
 
-            return run_volume_predict(model_path, inputs, out, rt, overlap, mirror)
+            return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities)
         from voxjet.jets.predict import load_tagger, predict_file
 
+        if len(models) > 1:
+            raise VoxjetError("predict: a tagger is applied one model at a time")
         files = jet_inputs(inputs)
-        tagger = load_tagger(model_path, rt.device)
+        tagger = load_tagger(models[0], rt.device)
         written = []
         for path, name in files[rt.rank :: rt.world_size]:
             target = out / name

@@ -100,6 +100,7 @@ def predict_inputs(wildcards):
 def predict_options(wildcards):
     p = config["predict"][wildcards.name]
     opts = [f"--overlap {p['overlap']}"] + (["--mirror"] if p["mirror"] else [])
+    opts += ["--probabilities"] if p["probabilities"] else []
     if p["observers"]:
         opts.append("--observers " + " ".join(shlex.quote(o) for o in p["observers"]))
     return " ".join(opts)
@@ -276,13 +277,40 @@ def eval_targets(domain=None):
             if domain is None or r.domain == domain]
 
 
+_case_ids = {}
+
+
+def case_ids(name):
+    """The training cases of a volumes dataset, known at the dry run: the generator's, or
+    dataset.json's at the source."""
+    if name not in _case_ids:
+        source = dataset_cfg(name)["source"]
+        try:
+            if "synthetic" in source:
+                from voxjet.volumes.synth import ToyVolumesConfig
+                from voxjet.volumes.synth import case_ids as toy_ids
+
+                s = source["synthetic"]
+                _case_ids[name] = toy_ids(ToyVolumesConfig(s["train_cases"], s["test_cases"]))
+            elif "path" in source:
+                from voxjet.volumes.preprocess import dataset_case_ids
+
+                _case_ids[name] = dataset_case_ids(source["path"])
+            else:
+                raise VoxjetError(
+                    "a volumes dataset is staged from source.path (a folder or URL with its "
+                    "dataset.json) or given as source.prepared; a file list flattens the "
+                    "imagesTr/labelsTr layout"
+                )
+        except VoxjetError as e:
+            raise WorkflowError(f"config key 'datasets.{name}.source': {e}")
+    return _case_ids[name]
+
+
 def case_files(wildcards):
-    """One preprocessed file a good case, known once the planning checkpoint has run."""
-    plan_dir = checkpoints.plan_volumes.get(dataset=wildcards.dataset).output[0]
-    with open(f"{plan_dir}/splits.json") as f:
-        splits = json.load(f)
-    cases = sorted(c for ids in splits.values() for c in ids)
-    return [f"results/{wildcards.dataset}/cases/{c}.h5" for c in cases]
+    """One preprocessed file a case (a bad case skipped by on_bad_case: skip gets a file that
+    says so)."""
+    return [f"results/{wildcards.dataset}/cases/{c}.h5" for c in case_ids(wildcards.dataset)]
 
 
 def train_logs():

@@ -1,8 +1,10 @@
-# Volumes: staged NIfTI (MSD layout) → check every case, fingerprint, plan (a checkpoint: the
-# case list comes from dataset.json) → one job a case (a chunked HDF5 file) → gather.
+# Volumes: staged images (MSD or nnU-Net v2 layout) → check every case, fingerprint, plan →
+# one job a case (a chunked HDF5 file) → gather. The cases come from dataset.json at the dry
+# run, so the whole DAG is known from the start (and `--until gather_cases` or
+# `-R preprocess_case` rerun exactly the preprocessing).
 
 
-checkpoint plan_volumes:
+rule plan_volumes:
     input:
         manifest=rules.stage.output[0],
     output:

@@ -137,10 +137,12 @@ class ReturningLoader:
                 for s in [s for s in out if _unused(held[s])]:
                     out.discard(s)
                     states[s] = FREE
-                if LAYOUT in batch:
-                    batch = tensors_in(held[slot], batch[LAYOUT])
+                if LAYOUT in batch:  # the slab's tensors again, and what else came along
+                    layout = batch.pop(LAYOUT)
+                    batch = {**tensors_in(held[slot], layout), **batch}
                 elif slot >= 0:
-                    held[slot] = next(iter(batch.values())).untyped_storage()
+                    first = next(v for v in batch.values() if torch.is_tensor(v))
+                    held[slot] = first.untyped_storage()
                 if slot >= 0:
                     out.add(slot)
                 yield batch

@@ -231,8 +231,15 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
 
 def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = "tree") -> None:
     """Write jets (as `generate_jet` returns them) of class `cls` as a JetClass-schema file."""
+    # jagged columns from one flat array and the counts (ak.Array of a list of arrays would
+    # convert element by element)
+    first = next(iter(jets[0]["part"]))
+    counts = np.array([len(j["part"][first]) for j in jets], np.int64)
     part = ak.zip(
-        {k: ak.Array([j["part"][k].astype(np.float32) for j in jets]) for k in jets[0]["part"]}
+        {
+            k: ak.unflatten(np.concatenate([j["part"][k] for j in jets]).astype(np.float32), counts)
+            for k in jets[0]["part"]
+        }
     )
     branches: dict = {"part": part}
     for k in ("jet_pt", "jet_eta", "jet_phi", "jet_energy", "jet_nparticles", "jet_sdmass"):

@@ -252,10 +252,22 @@ def _rank_value(v: float | None, higher: bool) -> float:
     return v if higher else -v
 
 
+def _read_predictions(path: Path) -> tuple:
+    """(probabilities, labels, class names) of an evaluation's predictions.h5."""
+    import h5py
+    import hdf5plugin  # noqa: F401  (registers the LZ4 filter evaluation writes with)
+
+    try:
+        with h5py.File(path) as f:
+            return f["probs"][...], f["labels"][...], [str(c) for c in f.attrs["classes"]]
+    except (OSError, KeyError, RuntimeError, ValueError) as e:
+        from voxjet.io.integrity import corrupt_error
+
+        raise corrupt_error(path, "the test predictions", "evaluate_jets", e) from e
+
+
 def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
     """Every summary figure into `fig_dir`, named <domain>-<dataset>-<kind>.png; returns names."""
-    import h5py
-
     from voxjet.report import figures
 
     done = [r for r in runs if Path(r.eval_metrics).is_file()]
@@ -272,12 +284,7 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
             for r in rs:
                 p = Path(r.eval_metrics).parent / "predictions.h5"
                 if p.is_file():
-                    with h5py.File(p) as f:
-                        preds[r.run] = (
-                            f["probs"][...],
-                            f["labels"][...],
-                            [str(c) for c in f.attrs["classes"]],
-                        )
+                    preds[r.run] = _read_predictions(p)
             if preds:
                 figures.roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
                 names.append(f"{stem}-roc.png")

@@ -60,6 +60,8 @@ class TrainSettings:
     iterations_per_epoch: int = 50
     foreground_fraction: float = 0.333
     augment: bool = True
+    fold: int | None = None  # volumes: the cross-validation fold (set by the experiment's folds)
+    folds: int | None = None  # how many folds it is one of
     pipeline_stages: int = 1
     microbatches: int = 4
     pipeline_schedule: str = "1f1b"

@@ -56,18 +56,26 @@ def export_torchscript_unet(model, cfg: dict, path: Path) -> float:
 
 
 def _normalisation(plan: dict, fp: dict, channels: int) -> list[dict]:
-    """MONAI transforms for voxjet's normalisation: CT clipped to the dataset's foreground
-    percentiles and z-scored with its statistics (ScaleIntensityRanged with the matching target
-    range); other modalities z-scored per image and channel."""
-    if plan["normalization"] != "ct":
-        return [{"_target_": "NormalizeIntensityd", "keys": "image", "channel_wise": True}]
-    if channels > 1:  # channel 0 by dataset statistics, the others per image
+    """MONAI transforms for voxjet's normalisation, when every channel uses one scheme: CT
+    clipped to the dataset's foreground percentiles and z-scored with its statistics
+    (ScaleIntensityRanged with the matching target range); zscore per image and channel;
+    rescale_to_0_1 per image; none."""
+    schemes = plan["normalization"]
+    schemes = [schemes] if isinstance(schemes, str) else list(schemes)
+    if len(set(schemes)) > 1 or (schemes[0] == "ct" and channels > 1):
         raise VoxjetError(
-            "export bundle: a CT model with several channels normalises them differently, "
-            "which MONAI's transforms here cannot express; export torchscript and prepare "
-            "images with voxjet predict"
+            f"export bundle: channels normalised as {schemes}, which MONAI's transforms here "
+            "cannot express channel by channel; export torchscript and prepare images with "
+            "voxjet predict"
         )
-    st = fp["foreground_intensity"]
+    scheme = schemes[0]
+    if scheme == "zscore":
+        return [{"_target_": "NormalizeIntensityd", "keys": "image", "channel_wise": True}]
+    if scheme == "rescale_to_0_1":
+        return [{"_target_": "ScaleIntensityd", "keys": "image", "minv": 0.0, "maxv": 1.0}]
+    if scheme == "none":
+        return []
+    st = (fp.get("foreground_intensity_per_channel") or [fp["foreground_intensity"]])[0]
     lo, hi = st["percentile_00_5"], st["percentile_99_5"]
     mean, std = st["mean"], max(st["std"], 1e-8)
     return [{"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": lo, "a_max": hi,
@@ -78,6 +86,12 @@ def inference_config(cfg: dict, overlap: float = 0.5) -> dict:
     """configs/inference.json for the model's plan."""
     plan, fp = cfg["plan"], cfg["fingerprint"]
     c = int(cfg["in_channels"])
+    if plan.get("regions"):
+        raise VoxjetError(
+            "export bundle: a region-based model (sigmoid outputs written in "
+            "regions_class_order) has no arg-max label map for MONAI's post-processing here; "
+            "export torchscript and predict with voxjet predict"
+        )
     preprocessing = [
         {"_target_": "LoadImaged", "keys": "image", "image_only": True},
         {"_target_": "EnsureChannelFirstd", "keys": "image"},
@@ -175,7 +189,7 @@ def metadata(cfg: dict) -> dict:
                 "pred": {
                     "type": "image",
                     "format": "segmentation",
-                    "num_channels": int(plan["num_classes"]),
+                    "num_channels": int(plan.get("num_outputs", plan["num_classes"])),
                     "spatial_shape": list(plan["patch_size"]),
                     "dtype": "float32",
                     "is_patch_data": True,

@@ -1,5 +1,7 @@
-"""`voxjet evaluate-seg`: sliding-window predictions on the held-out test cases, Dice and HD95
-per class per case, and overlays of a few slices for a person to look at."""
+"""`voxjet evaluate-seg`: sliding-window predictions on the held-out test cases, mapped back to
+each case's original grid and scored there against the label as the user gave it (nnU-Net's
+convention: Dice, and HD95 in mm of the original voxel sizes, per class or region and case, and
+their means), and overlays of a few slices for a person to look at."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
 from voxjet.volumes.geometry import labels_to_original
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
-from voxjet.volumes.models import build_unet
+from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import CaseStore, case_sizes
 
 
@@ -29,8 +31,7 @@ def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
         raise VoxjetError(
             f"{model_path}: a {domain} model; segmentation needs a model trained by train-seg"
         )
-    skip = ("domain", "plan", "fingerprint")
-    model = build_unet(**{k: v for k, v in saved["model_config"].items() if k not in skip})
+    model = build_seg_model(saved["model_config"])
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
 
@@ -58,6 +59,21 @@ def _plot_overlays(path: Path, rows: list[tuple[str, np.ndarray, np.ndarray, np.
             ax.set_title(f"{cid}: {title} (z={z})", fontsize=8)
             ax.axis("off")
     save_figure(fig, path, dpi=100)
+
+
+def score_case(f, pred: np.ndarray, plan: dict) -> tuple[np.ndarray, dict]:
+    """(the prediction on the case's original grid, its metrics): a plan-space label map taken
+    back through resampling, crop and reorientation, and scored against the label as the user
+    gave it with the original voxel sizes (nnU-Net's convention)."""
+    original = labels_to_original(pred, f.attrs, plan["num_classes"])
+    try:
+        reference = f["original_label"][...]
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        from voxjet.io.integrity import corrupt_error
+
+        raise corrupt_error(f.filename, "the original label", "preprocess_case", e) from e
+    voxel = [float(v) for v in f.attrs["original_voxel_size"]]
+    return original, seg_metrics(original, reference, plan, voxel)
 
 
 def evaluate(
@@ -88,7 +104,12 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
     opts = ReadOptions.from_config(read)
     plan = read_json_at(cases_dir, "plan.json", opts)
     split = read_json_at(cases_dir, "splits.json", opts)
-    cases = split["test"] or split["val"]
+    cases = split["test"]
+    if not cases:
+        raise VoxjetError(
+            f"{cases_dir}/splits.json: the test split is empty (a model would be scored on "
+            "cases it was selected on); raise the dataset's volumes.test_fraction"
+        )
     store = CaseStore(
         cases_dir,
         cases,
@@ -100,23 +121,18 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
     model, saved = load_trained(model_path)
     device = rt.device
     model.to(device)
-    n = plan["num_classes"]
-    names = {int(k): v for k, v in plan["labels"].items()}
     per_case, rows = {}, []
     (out / "predictions").mkdir(exist_ok=True)
     for cid in cases[rt.rank :: rt.world_size]:
         f = store.file(cid)
         image, label = read_case_arrays(f)
-        pred = predict_case(model, image, plan["patch_size"], device, overlap, mirror=mirror)
-        # Back through resampling, crop and reorientation: the prediction overlays the original.
-        original = labels_to_original(pred, f.attrs, n)
+        pred = predict_case(model, image, plan["patch_size"], device, overlap, mirror=mirror,
+                            plan=plan)  # fmt: skip
+        original, per_case[cid] = score_case(f, pred, plan)
         nifti = nib.Nifti1Image(original, np.asarray(f.attrs["original_affine"]))
         with atomic_path(out / "predictions" / f"{cid}.nii.gz") as tmp:
             nib.save(nifti, str(tmp) + ".nii.gz")
             os.replace(str(tmp) + ".nii.gz", tmp)
-        per_case[cid] = {
-            names[c]: m for c, m in seg_metrics(pred, label, n, plan["target_spacing"]).items()
-        }
         if len(rows) < 3:
             rows.append((cid, image, label, pred))
     store.close()
@@ -128,11 +144,12 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
         return {}
     per_case = {cid: per_case[cid] for cid in cases}  # the split's order
     mean = {}
-    for c in range(1, n):
-        vals = [m[names[c]] for m in per_case.values() if m[names[c]]["present"]]
+    names = list(next(iter(per_case.values())))
+    for name in names:
+        vals = [m[name] for m in per_case.values() if m[name]["present"]]
         dice = [v["dice"] for v in vals]
         hd = [v["hd95"] for v in vals if np.isfinite(v["hd95"])]
-        mean[names[c]] = {
+        mean[name] = {
             "dice": float(np.mean(dice)) if dice else float("nan"),
             "hd95": float(np.mean(hd)) if hd else float("nan"),
             "cases": len(vals),
@@ -142,6 +159,7 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
     metrics = {
         "domain": "volumes",
         "split": "test",
+        "space": "original",  # each case's own grid and voxel sizes, its own label
         "n_cases": len(cases),
         "dice_mean": float(np.mean(dices)) if dices else float("nan"),
         "hd95_mean": float(np.mean(hds)) if hds else float("nan"),

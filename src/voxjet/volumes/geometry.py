@@ -155,6 +155,19 @@ def plan_shape(shape: tuple[int, ...], spacing: np.ndarray, target: np.ndarray) 
     return tuple(int(v) for v in np.maximum(1, np.round(np.array(shape) * spacing / target)))
 
 
+def probs_to_original(probs: np.ndarray, attrs, background: float) -> np.ndarray:
+    """Probabilities [C, ...] in the plan's space mapped back onto the original grid, channels
+    last ([X, Y, Z, C] as stored, for a 4-D NIfTI): resampled linearly, and outside the crop
+    box `background` for channel 0 (softmax classes: 1, the background is certain there) and 0
+    for the others."""
+    box = np.asarray(attrs["crop_box"])
+    cropped = tuple(int(b - a) for a, b in box)
+    full = np.zeros((probs.shape[0], *(int(s) for s in attrs["ras_shape"])), np.float32)
+    full[0] = background
+    full[(slice(None), *(slice(int(a), int(b)) for a, b in box))] = zoom_to(probs, cropped, 1)
+    return from_ras(np.moveaxis(full, 0, -1), np.asarray(attrs["original_affine"]))
+
+
 def labels_to_original(pred: np.ndarray, attrs, n_classes: int) -> np.ndarray:
     """A class map in the plan's space mapped back: un-resample, un-crop, un-reorient."""
     box = np.asarray(attrs["crop_box"])

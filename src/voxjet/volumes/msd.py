@@ -1,22 +1,43 @@
 """Read and check a dataset.json in the MSD form (`modality`, `labels` int → name, `training`
-[{image, label}]) or nnU-Net v2's (`channel_names`, `labels` name → int, `file_ending`)."""
+[{image, label}], `test`) or nnU-Net v2's (`channel_names`, `labels` name → int or, for
+region-based training, name → [ints] with `regions_class_order`, `file_ending`, channels as
+`<case>_0000<ending>`, `<case>_0001<ending>`, … in imagesTr/ and imagesTs/), and nnU-Net's
+`splits_final.json` (its cross-validation folds) when the dataset folder holds one."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
+from voxjet.volumes.images import ENDINGS, ending_of
+
+# nnU-Net's normalisation schemes, by a channel's name in channel_names / modality
+NORMALIZATIONS = ("ct", "zscore", "rescale_to_0_1", "none")
+
+
+def normalization_of(channel_name: str) -> str:
+    """nnU-Net's rule: "CT" → CT (dataset statistics), "noNorm" → none, "rescale_to_0_1",
+    anything else (MRI, T1, T2, FLAIR, zscore, …) → z-score per image."""
+    n = channel_name.strip().lower()
+    if n == "ct":
+        return "ct"
+    if n in ("nonorm", "none", "no_norm"):
+        return "none"
+    if n in ("rescale_to_0_1", "rescale"):
+        return "rescale_to_0_1"
+    return "zscore"
 
 
 @dataclass(frozen=True)
 class Case:
-    """One training case: its id and files relative to the dataset root."""
+    """One case: its id, its channel images and its label map (relative to the dataset root);
+    one image holding every channel (a 4-D MSD image) is one entry."""
 
     case_id: str
-    image: str
+    images: tuple[str, ...]
     label: str | None
 
 
@@ -25,9 +46,28 @@ class MSDDataset:
     """What the pipeline needs from dataset.json."""
 
     root: Path
-    modality: str  # "CT" or another (MR...): decides the normalisation
-    labels: dict[int, str]
+    channels: list[str]  # each channel's name (modality)
+    labels: dict[int, str]  # label values declared (0: background)
     cases: list[Case]
+    test_cases: list[Case] = field(default_factory=list)
+    regions: dict[str, list[int]] | None = None  # region-based: name → label values
+    region_order: list[int] | None = None  # the label value each region writes, in order
+    folds: list[dict[str, list[str]]] | None = None  # splits_final.json
+
+    @property
+    def modality(self) -> str:
+        """The first channel's modality (the MSD form's `modality["0"]`)."""
+        return self.channels[0]
+
+    @property
+    def normalizations(self) -> list[str]:
+        """The normalisation scheme of each channel."""
+        return [normalization_of(c) for c in self.channels]
+
+    @property
+    def num_outputs(self) -> int:
+        """Network outputs: one a class (softmax), or one a region (sigmoid)."""
+        return len(self.regions) if self.regions else max(self.labels) + 1
 
     def path(self, rel: str) -> Path:
         """A dataset-relative path made absolute, refusing paths that escape the root."""
@@ -42,34 +82,114 @@ class MSDDataset:
 
 def _case_id(rel: str) -> str:
     name = Path(rel).name
-    for ext in (".nii.gz", ".nii"):
-        if name.endswith(ext):
-            return name[: -len(ext)]
-    return name
+    ending = ending_of(name)
+    return name[: -len(ending)] if ending else name
+
+
+def _labels(meta: dict, meta_path: Path):
+    """(label values → names, regions or None, region order or None) of either form."""
+    raw = meta["labels"]
+    if not isinstance(raw, dict) or not raw:
+        raise VoxjetError(f"{meta_path}: labels must be a mapping")
+    keys_are_ints = all(str(k).lstrip("-").isdigit() for k in raw)
+    if keys_are_ints:  # MSD: "0": "background"
+        return {int(k): str(v) for k, v in raw.items()}, None, None
+    regions, labels = {}, {}
+    for name, v in raw.items():
+        if isinstance(v, list):
+            if not v or not all(isinstance(x, int) for x in v):
+                raise VoxjetError(f"{meta_path}: region {name!r} must list label values (ints)")
+            regions[name] = list(v)
+            for x in v:
+                labels.setdefault(int(x), str(name))
+        elif isinstance(v, int):
+            labels[int(v)] = str(name)
+            if v:
+                regions[name] = [v]
+        else:
+            raise VoxjetError(
+                f"{meta_path}: label {name!r} has value {v!r}; expected an int or a list of "
+                "ints (a region)"
+            )
+    if not any(isinstance(v, list) for v in raw.values()):
+        return labels, None, None
+    regions = {n: vs for n, vs in regions.items() if vs != [0]}
+    if any(0 in vs for vs in regions.values()):
+        bad = [n for n, vs in regions.items() if 0 in vs]
+        raise VoxjetError(f"{meta_path}: regions {bad} include 0 (background); a region lists "
+                          "foreground label values only")  # fmt: skip
+    order = meta.get("regions_class_order")
+    if order is None or len(order) != len(regions):
+        raise VoxjetError(
+            f"{meta_path}: region-based labels need regions_class_order, one label value a "
+            f"region ({len(regions)} regions: {list(regions)}), as nnU-Net v2 asks"
+        )
+    for (name, vs), value in zip(regions.items(), order, strict=True):
+        if value not in vs:
+            raise VoxjetError(
+                f"{meta_path}: regions_class_order gives region {name!r} the value {value}, "
+                f"which it does not contain ({vs}); each region writes one of its own values"
+            )
+    # writing the regions in order onto a label map must give back every label value: each
+    # value's region is the last region that contains it
+    values = sorted({x for vs in regions.values() for x in vs})
+    for x in values:
+        last = [v for (n, vs), v in zip(regions.items(), order, strict=True) if x in vs][-1]
+        if last != x:
+            raise VoxjetError(
+                f"{meta_path}: label value {x} would come back as {last} from the regions in "
+                "regions_class_order's order; order the regions from the largest to the "
+                "smallest, each value's smallest region last"
+            )
+    return labels, regions, [int(v) for v in order]
+
+
+def _v2_cases(root: Path, folder: str, ending: str, n_channels: int, labelled: bool,
+              meta_path: Path) -> list[Case]:  # fmt: skip
+    images = sorted((root / folder).glob(f"*_0000{ending}")) if (root / folder).is_dir() else []
+    cases = []
+    for first in images:
+        cid = first.name[: -len(ending) - 5]
+        chans = tuple(f"{folder}/{cid}_{c:04d}{ending}" for c in range(n_channels))
+        missing = [c for c in chans if not (root / c).is_file()]
+        if missing:
+            raise VoxjetError(
+                f"{meta_path}: case {cid!r} lacks its channel file(s) {missing}: "
+                f"channel_names declares {n_channels} channel(s)"
+            )
+        cases.append(Case(cid, chans, f"labelsTr/{cid}{ending}" if labelled else None))
+    return cases
 
 
 def load_dataset(root: str | os.PathLike) -> MSDDataset:
-    """Parse dataset.json in either form and check that every referenced file exists."""
+    """Parse dataset.json in either form (and splits_final.json) and check that every
+    referenced file exists."""
     root = Path(root)
     meta_path = root / "dataset.json"
     meta = read_json(meta_path)
     if "channel_names" in meta:  # nnU-Net v2
-        modality = str(next(iter(meta["channel_names"].values())))
-        labels = {int(v): str(k) for k, v in meta["labels"].items()}
+        channels = [str(meta["channel_names"][k]) for k in sorted(meta["channel_names"], key=int)]
         ending = meta.get("file_ending", ".nii.gz")
-        cases = [
-            Case(
-                p.name[: -len(ending)],
-                f"imagesTr/{p.name}",
-                f"labelsTr/{p.name[: -len(ending) - 5]}{ending}",
-            )
-            for p in sorted((root / "imagesTr").glob(f"*_0000{ending}"))
-        ]
-        cases = [Case(c.case_id[:-5], c.image, c.label) for c in cases]
+        if ending not in ENDINGS:
+            raise VoxjetError(f"{meta_path}: file_ending {ending!r}; readable: {list(ENDINGS)}")
+        labels, regions, order = _labels(meta, meta_path)
+        cases = _v2_cases(root, "imagesTr", ending, len(channels), True, meta_path)
+        tests = _v2_cases(root, "imagesTs", ending, len(channels), False, meta_path)
+        n = meta.get("numTraining")
+        if n is not None and n != len(cases):
+            raise VoxjetError(f"{meta_path}: numTraining is {n} but imagesTr holds {len(cases)} "
+                              f"cases (<case>_0000{ending})")  # fmt: skip
     elif "modality" in meta and "training" in meta:
-        modality = str(meta["modality"].get("0", "CT"))
-        labels = {int(k): str(v) for k, v in meta["labels"].items()}
-        cases = [Case(_case_id(t["image"]), t["image"], t.get("label")) for t in meta["training"]]
+        channels = [str(meta["modality"][k]) for k in sorted(meta["modality"], key=int)]
+        labels, regions, order = _labels(meta, meta_path)
+        cases = [
+            Case(_case_id(t["image"]), (t["image"],), t.get("label")) for t in meta["training"]
+        ]
+        tests = [
+            Case(_case_id(t if isinstance(t, str) else t["image"]),
+                 (t if isinstance(t, str) else t["image"],), None)
+            for t in meta.get("test", [])
+        ]  # fmt: skip
     else:
         raise VoxjetError(
             f"{meta_path}: neither the MSD form (modality, labels, training) nor "
@@ -77,11 +197,15 @@ def load_dataset(root: str | os.PathLike) -> MSDDataset:
         )
     if 0 not in labels:
         raise VoxjetError(f"{meta_path}: labels must declare 0 (background)")
-    ds = MSDDataset(root=root, modality=modality, labels=labels, cases=cases)
     if not cases:
         raise VoxjetError(f"{meta_path}: no training cases listed")
+    ds = MSDDataset(root, channels, labels, cases, tests, regions, order,
+                    _folds(root, [c.case_id for c in cases]))  # fmt: skip
     missing = [
-        rel for c in cases for rel in (c.image, c.label) if rel and not ds.path(rel).is_file()
+        rel
+        for c in [*cases, *tests]
+        for rel in (*c.images, c.label)
+        if rel and not ds.path(rel).is_file()
     ]
     if missing:
         raise VoxjetError(
@@ -89,3 +213,25 @@ def load_dataset(root: str | os.PathLike) -> MSDDataset:
             f"{missing[:3]}; re-stage the dataset or fix dataset.json"
         )
     return ds
+
+
+def _folds(root: Path, case_ids: list[str]) -> list[dict[str, list[str]]] | None:
+    """nnU-Net's splits_final.json: a list of {train: [...], val: [...]} (its 5 folds)."""
+    path = root / "splits_final.json"
+    if not path.is_file():
+        return None
+    folds = read_json(path)
+    known = set(case_ids)
+    if not isinstance(folds, list) or not folds:
+        raise VoxjetError(f"{path}: expected a list of {{train: [...], val: [...]}} folds")
+    for k, f in enumerate(folds):
+        if not isinstance(f, dict) or set(f) < {"train", "val"}:
+            raise VoxjetError(f"{path}: fold {k} has no train and val lists")
+        unknown = sorted((set(f["train"]) | set(f["val"])) - known)
+        if unknown:
+            raise VoxjetError(f"{path}: fold {k} names cases not in dataset.json: {unknown[:5]}")
+        if set(f["train"]) & set(f["val"]):
+            raise VoxjetError(f"{path}: fold {k} has cases in both train and val")
+        if not f["val"] or not f["train"]:
+            raise VoxjetError(f"{path}: fold {k} has an empty train or val list")
+    return [{"train": list(f["train"]), "val": list(f["val"])} for f in folds]

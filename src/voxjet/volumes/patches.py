@@ -20,8 +20,9 @@ from voxjet.io.fetch import FetchConfig
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
 
-# 2: a fletcher32 checksum a chunk (1: none); written by voxjet.volumes.preprocess
-CASE_FORMAT = 2
+# 3: the original label kept for metrics in the original space; 2: a fletcher32 checksum a
+# chunk (1: none); written by voxjet.volumes.preprocess
+CASE_FORMAT = 3
 
 
 def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int]:
@@ -191,32 +192,65 @@ def draw_centre(
     return np.array([rng.integers(a, b) for a, b in zip(lo, hi, strict=True)])
 
 
-def make_augmentation(patch: np.ndarray):
-    """MONAI random augmentation of an {image, label} patch: flips on every axis, 90° turns
-    in the axial plane (only when it is square, so shapes hold), intensity scale/shift, noise."""
+# nnU-Net's augmentation, from MONAI transforms: (rotation, scaling) applied with these
+# probabilities to a patch read larger (so turning it brings in no empty corners), then Gaussian
+# noise and blur, brightness, contrast, low resolution simulated, gamma, and mirroring
+P_ROTATE, P_SCALE = 0.2, 0.2
+ROTATE = np.pi / 6  # ±30°
+SCALE = (0.7, 1.4)
+MARGIN = 1.45  # how much larger a patch is read when it is turned or scaled
+
+
+def make_spatial(patch: np.ndarray, rotate: bool, scale: bool, anisotropic: bool):
+    """MONAI's RandAffined onto the patch's grid (its centre), applied for sure (the caller
+    decided, so it could read a larger region only when needed)."""
+    from monai.transforms import RandAffined
+
+    # thick-slice data (an axis much coarser) turns only in-plane, as nnU-Net does
+    angles = (0.0, 0.0, ROTATE) if anisotropic else (ROTATE, ROTATE, ROTATE)
+    return RandAffined(
+        keys=["image", "label"],
+        prob=1.0,
+        rotate_range=angles if rotate else None,
+        scale_range=[(SCALE[0] - 1, SCALE[1] - 1)] * 3 if scale else None,
+        spatial_size=[int(p) for p in patch],
+        mode=("bilinear", "nearest"),
+        padding_mode="zeros",
+    )
+
+
+def make_intensity():
+    """The intensity and mirroring part of nnU-Net's augmentation."""
     from monai.transforms import (
         Compose,
+        RandAdjustContrastd,
         RandFlipd,
         RandGaussianNoised,
-        RandRotate90d,
+        RandGaussianSmoothd,
         RandScaleIntensityd,
-        RandShiftIntensityd,
+        RandSimulateLowResolutiond,
     )
 
     keys = ["image", "label"]
-    tf = [RandFlipd(keys, prob=0.5, spatial_axis=a) for a in range(3)]
-    if patch[0] == patch[1]:
-        tf.append(RandRotate90d(keys, prob=0.5, spatial_axes=(0, 1)))
-    tf += [
-        RandScaleIntensityd("image", factors=0.1, prob=0.15),
-        RandShiftIntensityd("image", offsets=0.1, prob=0.15),
-        RandGaussianNoised("image", prob=0.15, std=0.1),
-    ]
-    return Compose(tf)
+    return Compose(
+        [
+            RandGaussianNoised("image", prob=0.1, std=0.1),
+            RandGaussianSmoothd(
+                "image", prob=0.2, sigma_x=(0.5, 1.0), sigma_y=(0.5, 1.0), sigma_z=(0.5, 1.0)
+            ),  # fmt: skip
+            RandScaleIntensityd("image", factors=0.25, prob=0.15),  # brightness 0.75-1.25
+            # the image alone, as nnU-Net does: a label is never interpolated
+            RandSimulateLowResolutiond("image", prob=0.25, zoom_range=(0.5, 1.0)),
+            RandAdjustContrastd("image", prob=0.3, gamma=(0.7, 1.5)),
+            *(RandFlipd(keys, prob=0.5, spatial_axis=a) for a in range(3)),
+        ]
+    )
 
 
 class PatchSampler:
-    """Batches of (image, label) patches; the last `fg_fraction` of each batch hits foreground."""
+    """Batches of (image, label) patches; the last `fg_fraction` of each batch hits foreground.
+    A batch is a pure function of its position (rank, epoch, index): the same with or without
+    loader workers, and after a resume."""
 
     PREFETCH_ORDER_BATCHES = 64  # batches whose cases a remote store fetches first, in order
 
@@ -228,13 +262,18 @@ class PatchSampler:
         fg_fraction: float = 1 / 3,
         seed: int = 0,
         augment: bool = False,
+        spacing: list[float] | None = None,
     ) -> None:
         self.store = store
         self.patch = np.array(patch_size, int)
         self.batch_size = batch_size
         self.n_fg = int(round(batch_size * fg_fraction))
         self.seed = seed
-        self.augment = make_augmentation(self.patch) if augment else None
+        self.augment = augment
+        sp = np.asarray(spacing or [1.0, 1.0, 1.0], float)
+        self.anisotropic = bool(sp.max() > 3 * sp.min())
+        self._spatial: dict = {}
+        self._intensity = make_intensity() if augment else None
 
     def cases(self, rank: int, epoch: int, index: int) -> list[str]:
         """The cases the batch at this position draws its patches from (known before any
@@ -245,8 +284,14 @@ class PatchSampler:
             for i in rng.integers(len(self.store.case_ids), size=self.batch_size)
         ]
 
-    def batch(self, rank: int, epoch: int, index: int) -> dict[str, torch.Tensor]:
-        """The batch at this position: a pure function of it."""
+    def _spatial_tf(self, rotate: bool, scale: bool):
+        key = (rotate, scale)
+        if key not in self._spatial:
+            self._spatial[key] = make_spatial(self.patch, rotate, scale, self.anisotropic)
+        return self._spatial[key]
+
+    def batch(self, rank: int, epoch: int, index: int, alloc=None) -> dict[str, torch.Tensor]:
+        """The batch at this position; `alloc(specs)` gives its arrays (e.g. in shared memory)."""
         if self.store.remote and not self.store.prefetching:
             # the case files in the order the coming batches need them
             ahead = range(index, index + self.PREFETCH_ORDER_BATCHES)
@@ -256,12 +301,15 @@ class PatchSampler:
         # move the patches, and the cases are known without drawing the centres
         aug_rng = np.random.default_rng([self.seed, rank, epoch, index, 1])
         source: list[str] = []
-        imgs = lbls = None
+        out = None
         for i, case in enumerate(self.cases(rank, epoch, index)):
             image, label = self.store.volumes(case)
-            if imgs is None:  # the batch is filled in place, patch by patch
-                imgs = np.empty((self.batch_size, image.shape[0], *self.patch), np.float32)
-                lbls = np.empty((self.batch_size, *self.patch), np.uint8)
+            if out is None:  # the batch is filled in place, patch by patch
+                specs = {"image": ((self.batch_size, image.shape[0], *self.patch), np.float32),
+                         "label": ((self.batch_size, 1, *self.patch), np.uint8)}  # fmt: skip
+                arrays = (alloc or _empty)(specs)
+                out = (arrays["image"], arrays["label"][:, 0])
+            imgs, lbls = out
             centre = draw_centre(
                 rng,
                 np.array(label.shape),
@@ -270,16 +318,66 @@ class PatchSampler:
                 i >= self.batch_size - self.n_fg,
             )
             source.append(f"{case}.h5@{centre.tolist()}")
-            read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
-            if self.augment is not None:
-                # seeded from the batch's generator: the same position gives the same patch
-                self.augment.set_random_state(seed=int(aug_rng.integers(2**31)))
-                aug = self.augment({"image": imgs[i], "label": lbls[i][None]})
-                imgs[i] = np.asarray(aug["image"], np.float32)
-                lbls[i] = np.asarray(aug["label"], np.uint8)[0]
+            if not self.augment:
+                read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
+                continue
+            # seeded from the batch's generator: the same position gives the same patch
+            rotate, scale = aug_rng.random() < P_ROTATE, aug_rng.random() < P_SCALE
+            seed = int(aug_rng.integers(2**31))
+            if rotate or scale:
+                big = np.ceil(self.patch * MARGIN).astype(int)
+                img, lbl = read_patch(image, label, centre, big)
+                tf = self._spatial_tf(rotate, scale)
+                tf.set_random_state(seed=seed)
+                moved = tf({"image": img, "label": lbl[None]})
+                imgs[i] = np.asarray(moved["image"], np.float32)
+                lbls[i] = np.asarray(moved["label"], np.uint8)[0]
+            else:
+                read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
+            self._intensity.set_random_state(seed=seed + 1)
+            aug = self._intensity({"image": imgs[i], "label": lbls[i][None]})
+            imgs[i] = np.asarray(aug["image"], np.float32)
+            lbls[i] = np.asarray(aug["label"], np.uint8)[0]
         return {
-            "image": torch.from_numpy(imgs),
+            "image": torch.from_numpy(arrays["image"]),
             # as stored (uint8): the task widens it on the device (8x fewer bytes to move)
-            "label": torch.from_numpy(lbls[:, None]),
+            "label": torch.from_numpy(arrays["label"]),
             "source": source,
         }
+
+
+def _empty(specs: dict) -> dict[str, np.ndarray]:
+    return {k: np.empty(shape, dtype) for k, (shape, dtype) in specs.items()}
+
+
+class PatchBatches(torch.utils.data.IterableDataset):
+    """The batches of one epoch from a start position, for a DataLoader: its workers make
+    batches side by side (worker w those at positions start + w, start + w + workers, …, which
+    the DataLoader hands out in order: the same sequence as without workers), each in a shared
+    memory slab that is used again once training lets go of it (voxjet.io.handover)."""
+
+    def __init__(self, sampler: PatchSampler, rank: int, epoch: int, start: int, stop: int) -> None:
+        self.sampler, self.rank = sampler, rank
+        self.epoch, self.start, self.stop = epoch, start, stop
+        self.slot_table: torch.Tensor | None = None  # set by ReturningLoader
+
+    def __iter__(self):
+        from voxjet.io.handover import SharedSlabs
+
+        info = torch.utils.data.get_worker_info()
+        w, n = (info.id, info.num_workers) if info else (0, 1)
+        slabs = SharedSlabs(self.slot_table, w) if info and self.slot_table is not None else None
+        for index in range(self.start + w, self.stop, n):
+            if slabs is None:
+                yield self.sampler.batch(self.rank, self.epoch, index)
+                continue
+            handed: dict = {}
+
+            def alloc(specs, handed=handed):
+                arrays, out = slabs.batch(specs)
+                handed.update(out)
+                return arrays
+
+            # the slab's own tensors (or its slot) travel, not views made of the arrays
+            batch = self.sampler.batch(self.rank, self.epoch, index, alloc=alloc)
+            yield {**handed, "source": batch["source"]}

@@ -23,8 +23,9 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
+from voxjet.volumes.images import ENDINGS
 
-NIFTI = (".nii.gz", ".nii")
+NIFTI = ENDINGS  # every image format read (NIfTI, NRRD, MHA, …)
 CHANNEL = re.compile(r"^(?P<case>.+)_(?P<ch>\d{4})$")
 
 
@@ -98,20 +99,17 @@ def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
     """The case's image [C, X, Y, Z] in RAS, and its original affine (all channels on one
     grid)."""
     from voxjet.volumes.geometry import to_ras
+    from voxjet.volumes.images import read_image
 
-    arrays, affine = [], None
+    arrays, affine, shape = [], None, None
     for f in case.files:
-        try:
-            img = nib.load(str(f))
-            data = np.asarray(img.dataobj, dtype=np.float32)
-        except Exception as e:
-            raise VoxjetError(f"{f}: not a readable NIfTI image ({e})") from e
-        if affine is None:
-            affine, shape = img.affine, data.shape[:3]
-        elif data.shape[:3] != shape or not np.allclose(img.affine, affine, atol=1e-3):
-            raise VoxjetError(f"{f}: another grid than {case.files[0]} (shape or affine differs)")
+        data, aff = read_image(f)
         if data.ndim not in (3, 4):
             raise VoxjetError(f"{f}: an image of shape {data.shape}; expected 3-D or 4-D")
+        if affine is None:
+            affine, shape = aff, data.shape[:3]
+        elif data.shape[:3] != shape or not np.allclose(aff, affine, atol=1e-3):
+            raise VoxjetError(f"{f}: another grid than {case.files[0]} (shape or affine differs)")
         if not np.isfinite(data).all():
             raise VoxjetError(f"{f}: NaN/inf voxels; fix the image")
         arrays.append(data if data.ndim == 4 else data[..., None])
@@ -119,11 +117,13 @@ def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
     return np.moveaxis(to_ras(image, affine), -1, 0), affine
 
 
-def segment(model, case: InputCase, cfg: dict, device: torch.device, overlap: float,
-            mirror: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The case's label map on its original grid, and its affine."""
-    from voxjet.volumes.geometry import labels_to_original, ras_spacing
-    from voxjet.volumes.inference import predict_case
+def segment(models: list, case: InputCase, cfg: dict, device: torch.device, overlap: float,
+            mirror: bool, probabilities: bool = False) -> tuple:  # fmt: skip
+    """(the case's label map on its original grid, its affine, and with `probabilities` the
+    class or region probabilities there, channels last, else None); several models' outputs
+    are averaged (the folds of a cross-validation)."""
+    from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing
+    from voxjet.volumes.inference import predict_probs, to_labels
     from voxjet.volumes.preprocess import to_plan_space
 
     image, affine = load_channels(case)
@@ -135,34 +135,56 @@ def segment(model, case: InputCase, cfg: dict, device: torch.device, overlap: fl
         )
     plan, fp = cfg["plan"], cfg["fingerprint"]
     prepared, box, _ = to_plan_space(image, ras_spacing(affine), plan, fp)
-    pred = predict_case(model, prepared, plan["patch_size"], device, overlap, mirror=mirror)
+    probs = None
+    for model in models:
+        p = predict_probs(model, prepared, plan["patch_size"], device, overlap, mirror=mirror,
+                          sigmoid=bool(plan.get("regions")))  # fmt: skip
+        probs = p if probs is None else probs + p
+    probs = probs / len(models)
+    pred = to_labels(probs, plan)
     attrs = {"crop_box": box, "ras_shape": image.shape[1:], "original_affine": affine}
-    return labels_to_original(pred, attrs, plan["num_classes"]), affine
+    soft = None
+    if probabilities:
+        soft = probs_to_original(probs.numpy(), attrs, 0.0 if plan.get("regions") else 1.0)
+    return labels_to_original(pred, attrs, plan["num_classes"]), affine, soft
+
+
+def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
+    with atomic_path(target) as tmp:
+        nib.save(nib.Nifti1Image(data, affine), str(tmp) + ".nii.gz")
+        os.replace(str(tmp) + ".nii.gz", tmp)
 
 
 def run_volume_predict(
-    model_path: str | os.PathLike, inputs: list[str], out: Path, rt, overlap: float = 0.5,
-    mirror: bool = False,
+    model_paths: list[str], inputs: list[str], out: Path, rt, overlap: float = 0.5,
+    mirror: bool = False, probabilities: bool = False,
 ) -> list[Path]:  # fmt: skip
-    """Segment this process's share of the cases into `<out>/<case>.nii.gz`."""
+    """Segment this process's share of the cases into `<out>/<case>.nii.gz` (several models:
+    their probabilities averaged); with `probabilities` also `<case>_probabilities.nii.gz`,
+    4-D, one channel a class (softmax) or region (sigmoid), on the same grid."""
     from voxjet.volumes.evaluate import load_trained
 
-    model, saved = load_trained(model_path)
-    cfg = saved["model_config"]
-    if "plan" not in cfg:
-        raise VoxjetError(
-            f"{model_path}: this model does not record the plan it was trained with (an older "
-            "voxjet); retrain it to predict on new images"
-        )
-    model.to(rt.device).eval()
+    models, cfg = [], None
+    for path in model_paths:
+        model, saved = load_trained(path)
+        if "plan" not in saved["model_config"]:
+            raise VoxjetError(
+                f"{path}: this model does not record the plan it was trained with (an older "
+                "voxjet); retrain it to predict on new images"
+            )
+        cfg = cfg or saved["model_config"]
+        if saved["model_config"]["plan"] != cfg["plan"]:
+            raise VoxjetError(f"{path}: another plan than {model_paths[0]}; models averaged must "
+                              "share their dataset's plan")  # fmt: skip
+        models.append(model.to(rt.device).eval())
     cases = case_inputs(inputs)
     written = []
     for case in cases[rt.rank :: rt.world_size]:
-        seg, affine = segment(model, case, cfg, rt.device, overlap, mirror)
+        seg, affine, soft = segment(models, case, cfg, rt.device, overlap, mirror, probabilities)
+        if soft is not None:  # before the label map: a case is done once its label map is
+            _save(out / f"{case.case_id}_probabilities.nii.gz", soft.astype(np.float32), affine)
         target = out / f"{case.case_id}.nii.gz"
-        with atomic_path(target) as tmp:
-            nib.save(nib.Nifti1Image(seg.astype(np.uint8), affine), str(tmp) + ".nii.gz")
-            os.replace(str(tmp) + ".nii.gz", tmp)
+        _save(target, seg.astype(np.uint8), affine)
         written.append(target)
     print(f"predict: {len(written)} of {len(cases)} cases on rank {rt.rank}", file=sys.stderr)
     return written

@@ -1,9 +1,13 @@
-"""Fingerprint, plan and preprocess an MSD dataset into one chunked HDF5 file a case.
+"""Check, fingerprint, plan and preprocess a dataset (MSD or nnU-Net v2 layout) into one
+chunked HDF5 file a case.
 
-Per case: nibabel load; reorient to RAS; crop to the non-zero region (nnU-Net's rule); resample
-to the plan's spacing (image linear, label nearest); normalise (CT: clip to the dataset's
-foreground 0.5-99.5 percentiles and z-score with dataset statistics; other modalities: per-case
-z-score). Each file keeps what is needed to map predictions back to the original image."""
+Per case: every channel read (NIfTI, NRRD, MHA, …), reoriented to RAS; cropped to the region
+non-zero in any channel (nnU-Net's rule); resampled to the plan's spacing (image linear, label
+by interpolated class indicators); each channel normalised by its scheme from dataset.json
+(CT: clipped to the dataset's foreground 0.5-99.5 percentiles of that channel and z-scored with
+its statistics; zscore: per case; rescale_to_0_1; none). Each file also keeps the original label
+map on the original grid and the geometry to map predictions back, so evaluation measures in
+the original space. The planning itself is voxjet.volumes.planning."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import h5py
-import nibabel as nib
 import numpy as np
 
 from voxjet.errors import VoxjetError
@@ -27,14 +30,13 @@ from voxjet.progress import progress
 from voxjet.stage.transfer import name_sources
 from voxjet.volumes.geometry import (
     as_tensor,
-    from_ras,
     plan_shape,
     ras_spacing,
     to_ras,
     zoom_labels,
     zoom_to,
 )
-from voxjet.volumes.memory import plan_patch_and_batch
+from voxjet.volumes.images import read_image
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
 from voxjet.volumes.patches import CASE_FORMAT
 
@@ -60,43 +62,11 @@ class LoadedCase:
     """One case checked and reoriented to RAS."""
 
     case_id: str
-    image: np.ndarray  # [C, X, Y, Z] float32
-    label: np.ndarray  # [X, Y, Z] uint8
+    image: np.ndarray  # [C, X, Y, Z] float32 (RAS)
+    label: np.ndarray  # [X, Y, Z] uint8 (RAS)
     affine: np.ndarray  # the original image's
     spacing: np.ndarray  # along R, A, S
-
-
-def _load_nifti(path: Path) -> nib.Nifti1Image:
-    try:
-        img = nib.load(str(path))
-        img.get_data_dtype()
-        return img
-    except Exception as e:
-        raise VoxjetError(f"{path}: not a readable NIfTI image ({e})") from e
-
-
-def _array(img: nib.Nifti1Image, path: Path, dtype) -> np.ndarray:
-    try:
-        return np.asarray(img.dataobj, dtype=dtype)
-    except Exception as e:
-        raise VoxjetError(f"{path}: NIfTI data cannot be read ({e}); re-stage the file") from e
-
-
-def _label_array(lbl: nib.Nifti1Image, path: Path) -> np.ndarray:
-    """The label map as stored when that is an unscaled integer type (no float copy of the
-    volume), else read as float and checked to hold integers."""
-    dtype = lbl.get_data_dtype()
-    slope, inter = lbl.dataobj.slope, lbl.dataobj.inter
-    if np.issubdtype(dtype, np.integer) and slope in (1, None) and inter in (0, None):
-        data = _array(lbl, path, dtype)
-        if np.issubdtype(dtype, np.signedinteger) and data.min() < 0:
-            raise VoxjetError(f"{path}: label values must be non-negative integers")
-        return data if data.dtype.itemsize == 1 else data.astype(np.int64)
-    data = _array(lbl, path, np.float32)
-    as_int = data.astype(np.int64)
-    if (as_int != data).any() or as_int.min() < 0:
-        raise VoxjetError(f"{path}: label values must be non-negative integers")
-    return as_int
+    original_label: np.ndarray  # as stored, on the original grid
 
 
 def _label_values(label: np.ndarray) -> np.ndarray:
@@ -108,35 +78,66 @@ def _label_values(label: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(label.ravel(order="K")))
 
 
-def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
-    """Load a case and check it: 3-D (or 4-D, channels last) image, a 3-D label on the same
-    grid and affine, finite intensities, declared label values, some foreground."""
-    ipath, lpath = ds.path(case.image), ds.path(case.label)
-    img, lbl = _load_nifti(ipath), _load_nifti(lpath)
-    if len(img.shape) not in (3, 4) or (len(img.shape) == 4 and img.shape[3] > 16):
+def _read_label(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    data, affine = read_image(path, np.float64)
+    if data.ndim != 3:
+        raise VoxjetError(f"{path}: label of shape {data.shape}; expected a 3-D label map")
+    as_int = data.astype(np.int64)
+    if (as_int != data).any() or as_int.min() < 0:
+        raise VoxjetError(f"{path}: label values must be non-negative integers")
+    if as_int.max() > 255:
+        raise VoxjetError(f"{path}: label values above 255 (found {as_int.max()})")
+    return as_int.astype(np.uint8), affine
+
+
+def read_channels(ds: MSDDataset, case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """The case's image [C, X, Y, Z] as stored (channels from one 4-D file or one file a
+    channel, which must share one grid) and its affine."""
+    arrays, affine, shape = [], None, None
+    for rel in case.images:
+        path = ds.path(rel)
+        data, aff = read_image(path)
+        if data.ndim not in (3, 4) or (data.ndim == 4 and data.shape[3] > 16):
+            raise VoxjetError(
+                f"{path}: image of shape {data.shape}; expected 3-D, or 4-D with channels last "
+                f"(case {case.case_id})"
+            )
+        if affine is None:
+            affine, shape = aff, data.shape[:3]
+        elif data.shape[:3] != shape or not np.allclose(aff, affine, atol=1e-3, rtol=1e-3):
+            raise VoxjetError(f"{path}: another grid than {ds.path(case.images[0])} (channels of "
+                              f"case {case.case_id} must share shape and affine)")  # fmt: skip
+        if not np.isfinite(data).all():
+            raise VoxjetError(
+                f"{path}: {int((~np.isfinite(data)).sum())} NaN/inf voxels; fix the "
+                f"image or drop case {case.case_id}"
+            )
+        arrays.append(data if data.ndim == 4 else data[..., None])
+    image = np.concatenate(arrays, axis=-1)
+    if image.shape[-1] != len(ds.channels):
         raise VoxjetError(
-            f"{ipath}: image of shape {img.shape}; expected 3-D, or 4-D with "
-            "channels last (case {case.case_id})"
+            f"{ds.path(case.images[0])}: case {case.case_id} has {image.shape[-1]} channel(s), "
+            f"dataset.json declares {len(ds.channels)} ({ds.channels})"
         )
-    if len(lbl.shape) != 3:
-        raise VoxjetError(f"{lpath}: label of shape {lbl.shape}; expected a 3-D label map")
-    if img.shape[:3] != lbl.shape:
+    return np.moveaxis(image, -1, 0), affine
+
+
+def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
+    """Load a case and check it: channels on one grid, a 3-D label on the same grid and
+    affine, finite intensities, declared label values, some foreground."""
+    image, affine = read_channels(ds, case)
+    lpath = ds.path(case.label)
+    label, laff = _read_label(lpath)
+    if image.shape[1:] != label.shape:
         raise VoxjetError(
-            f"{lpath}: shape {lbl.shape} differs from the image's {img.shape[:3]}; "
+            f"{lpath}: shape {label.shape} differs from the image's {image.shape[1:]}; "
             "fix or drop this case"
         )
-    if not np.allclose(img.affine, lbl.affine, atol=1e-3, rtol=1e-3):
+    if not np.allclose(affine, laff, atol=1e-3, rtol=1e-3):
         raise VoxjetError(
             f"{lpath}: affine differs from the image's; the label is not in the image's space"
         )
-    data = _array(img, ipath, np.float32)
-    if not np.isfinite(data).all():
-        raise VoxjetError(
-            f"{ipath}: {int((~np.isfinite(data)).sum())} NaN/inf voxels; fix the "
-            "image or drop case " + case.case_id
-        )
-    as_int = _label_array(lbl, lpath)
-    values = _label_values(as_int)
+    values = _label_values(label)
     bad = sorted(set(values.tolist()) - set(ds.labels))
     if bad:
         raise VoxjetError(
@@ -145,13 +146,14 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
         )
     if values.max() == 0:
         raise VoxjetError(f"{lpath}: no foreground (every voxel is 0) in case {case.case_id}")
-    image = to_ras(data if data.ndim == 4 else data[..., None], img.affine)
+    ras = to_ras(np.moveaxis(image, 0, -1), affine)
     return LoadedCase(
         case.case_id,
-        np.moveaxis(image, -1, 0),  # a view: resampling makes the one contiguous copy
-        to_ras(as_int, img.affine).astype(np.uint8, copy=False),
-        img.affine,
-        ras_spacing(img.affine),
+        np.moveaxis(ras, -1, 0),  # a view: resampling makes the one contiguous copy
+        to_ras(label, affine),
+        affine,
+        ras_spacing(affine),
+        label,
     )
 
 
@@ -167,8 +169,12 @@ def _crop_box(image: np.ndarray) -> list[list[int]]:
 
 
 def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator) -> np.ndarray:
-    fg = lc.image[0][lc.label > 0]
-    return rng.choice(fg, size=min(len(fg), n), replace=False) if len(fg) else fg
+    """[C, k] intensities of up to n foreground voxels, every channel at the same voxels."""
+    idx = np.flatnonzero(lc.label > 0)
+    if len(idx) > n:
+        idx = rng.choice(idx, size=n, replace=False)
+    coords = np.unravel_index(idx, lc.label.shape)
+    return np.stack([np.asarray(ch)[coords] for ch in lc.image])
 
 
 def inspect_cases(
@@ -191,7 +197,6 @@ def inspect_cases(
             continue
         box = _crop_box(lc.image)
         stats[cid] = {
-            "channels": int(lc.image.shape[0]),
             "spacing": lc.spacing.tolist(),
             "shape": [b - a for a, b in box],
             "fg": _foreground_sample(lc, cfg.foreground_samples, rng),
@@ -200,105 +205,102 @@ def inspect_cases(
 
 
 def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
-    """Spacings, shapes and foreground intensity statistics of the inspected cases."""
+    """Spacings, shapes and per-channel foreground intensity statistics of the inspected
+    cases."""
     spacings = [s["spacing"] for s in stats.values()]
     shapes = [s["shape"] for s in stats.values()]
-    fg = np.concatenate([s["fg"] for s in stats.values()] or [np.zeros(1)])
+    fg = np.concatenate([s["fg"] for s in stats.values()], axis=1)
+    per_channel = [
+        {
+            "mean": float(c.mean()),
+            "std": float(c.std()),
+            "percentile_00_5": float(np.percentile(c, 0.5)),
+            "percentile_99_5": float(np.percentile(c, 99.5)),
+        }
+        for c in fg
+    ]
     return {
         "cases": len(stats),
-        "channels": max([s["channels"] for s in stats.values()] or [1]),
-        "modality": ds.modality,
+        "channels": ds.channels,
         "labels": ds.labels,
+        "regions": ds.regions,
         "spacings": spacings,
         "shapes": shapes,
         "median_spacing": np.median(spacings, 0).tolist(),
-        "median_shape": np.median(shapes, 0).tolist(),
-        "foreground_intensity": {
-            "mean": float(fg.mean()),
-            "std": float(fg.std()),
-            "percentile_00_5": float(np.percentile(fg, 0.5)),
-            "percentile_99_5": float(np.percentile(fg, 99.5)),
-        },
+        "foreground_intensity_per_channel": per_channel,
+        # the first channel's, where older code looks
+        "foreground_intensity": per_channel[0],
     }
 
 
-def fingerprint(ds: MSDDataset, case_ids: list[str], cfg: VolumePrepConfig) -> dict:
-    """The dataset fingerprint over the given cases."""
-    return fingerprint_from(inspect_cases(ds, case_ids, cfg)[0], ds)
+def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
+    """Target spacing, the resampled median case, topology, patch, batch and pipeline stages
+    (voxjet.volumes.planning), the label set and each channel's normalisation."""
+    from voxjet.volumes.planning import plan_patch_and_batch, resampled_shapes, target_spacing
 
-
-def target_spacing(spacings: list[list[float]]) -> list[float]:
-    """nnU-Net's rule: the median spacing, but the 10th percentile on an axis more than 3x
-    coarser than the others (so thick-slice data is not upsampled in-plane)."""
-    sp = np.asarray(spacings, float)
-    target = np.median(sp, 0)
-    worst = int(np.argmax(target))
-    others = [i for i in range(3) if i != worst]
-    if target[worst] > 3 * max(target[others]):
-        target[worst] = np.percentile(sp[:, worst], 10)
-    return target.tolist()
-
-
-def plan_channels(cfg: VolumePrepConfig) -> list[int]:
-    """U-Net widths the plan is made for: given, or nnU-Net's 32 doubling to at most 320."""
-    if cfg.plan_channels:
-        if len(cfg.plan_channels) != cfg.network_depth + 1:
-            raise VoxjetError(
-                f"volumes.plan_channels has {len(cfg.plan_channels)} levels but "
-                f"network_depth {cfg.network_depth} needs {cfg.network_depth + 1}"
-            )
-        return list(cfg.plan_channels)
-    return [min(32 * 2**i, 320) for i in range(cfg.network_depth + 1)]
-
-
-def make_plan(fp: dict, cfg: VolumePrepConfig) -> dict:
-    """Target spacing by nnU-Net's rule, then patch size, batch size and pipeline stages from
-    the GPU memory budget (voxjet.volumes.memory explains the estimate)."""
     spacing = cfg.target_spacing or target_spacing(fp["spacings"])
-    scale = np.array(fp["median_spacing"]) / np.array(spacing)
-    median = (np.array(fp["median_shape"]) * scale).tolist()
-    dataset_voxels = float(sum(np.prod(np.array(s) * scale) for s in fp["shapes"]))
-    channels = plan_channels(cfg)
-    n_classes = max(int(k) for k in fp["labels"]) + 1
+    shapes = resampled_shapes(fp["shapes"], fp["spacings"], spacing)
+    median = np.median(shapes, 0)
+    levels = cfg.network_depth
+    if cfg.plan_channels is not None and len(cfg.plan_channels) < 2:
+        raise VoxjetError("volumes.plan_channels: give at least two widths")
+    filters = cfg.plan_channels
     sized = plan_patch_and_batch(
-        median,
-        channels,
+        spacing,
+        median.tolist(),
+        float(np.prod(shapes, axis=1).sum()),
+        len(ds.channels),
+        ds.num_outputs,
         cfg.gpu_memory_gb,
-        fp.get("channels", 1),
-        n_classes,
-        dataset_voxels,
+        levels,
+        filters=filters,
         patch=cfg.patch_size,
     )
     return {
         "target_spacing": [float(s) for s in spacing],
+        "median_shape_resampled": median.tolist(),
         **sized,
         "network_depth": cfg.network_depth,
-        "plan_channels": channels,
         "gpu_memory_gb": cfg.gpu_memory_gb,
-        "num_classes": n_classes,
-        "labels": fp["labels"],
-        "modality": fp["modality"],
-        "normalization": "ct" if fp["modality"].upper() == "CT" else "zscore",
+        "num_classes": max(ds.labels) + 1,
+        "num_outputs": ds.num_outputs,
+        "labels": {int(k): v for k, v in ds.labels.items()},
+        "regions": ds.regions,
+        "region_order": ds.region_order,
+        "channels": ds.channels,
+        "modality": ds.modality,
+        "normalization": ds.normalizations,
     }
 
 
 def normalise(image: np.ndarray, plan: dict, fp: dict) -> np.ndarray:
-    """[C, X, Y, Z]. CT (channel 0): clip to the dataset's foreground percentiles and z-score
-    with dataset statistics; other channels and modalities: z-score per case."""
+    """[C, X, Y, Z], each channel by its scheme: CT clipped to the dataset's foreground
+    0.5-99.5 percentiles of that channel and z-scored with its statistics; zscore per case;
+    rescale_to_0_1 per case; none."""
     import torch
 
+    schemes = plan["normalization"]
+    if isinstance(schemes, str):  # a plan of one scheme for channel 0 (older plans)
+        schemes = [schemes] + ["zscore"] * (image.shape[0] - 1)
+    stats = fp.get("foreground_intensity_per_channel") or [fp["foreground_intensity"]]
     src = as_tensor(image)
     out = torch.empty(image.shape, dtype=torch.float32)
     for c in range(image.shape[0]):
         ch, dst = src[c], out[c]
-        if plan["normalization"] == "ct" and c == 0:
-            st = fp["foreground_intensity"]
+        scheme = schemes[c] if c < len(schemes) else "zscore"
+        if scheme == "ct":
+            st = stats[c]
             torch.clamp(ch, st["percentile_00_5"], st["percentile_99_5"], out=dst)
             dst.sub_(st["mean"]).div_(max(st["std"], 1e-8))
+        elif scheme == "rescale_to_0_1":
+            lo, hi = float(ch.min()), float(ch.max())
+            torch.sub(ch, lo, out=dst).div_(max(hi - lo, 1e-8))
+        elif scheme == "none":
+            dst.copy_(ch)
         else:
-            ch = ch.double()
-            mean, std = float(ch.mean()), float(ch.std(correction=0))
-            torch.sub(src[c], mean, out=dst).div_(max(std, 1e-8))
+            d = ch.double()
+            mean, std = float(d.mean()), float(d.std(correction=0))
+            torch.sub(ch, mean, out=dst).div_(max(std, 1e-8))
     return out.numpy()
 
 
@@ -320,11 +322,10 @@ def to_plan_space(
 def preprocess_case(
     ds: MSDDataset, case: Case, plan: dict, fp: dict, out_path: Path, cfg: VolumePrepConfig
 ) -> dict:
-    """Write one case file; returns its summary (shape, class voxel counts)."""
+    """Write one case file; returns its summary (shape, voxels a label value)."""
     lc = load_case(ds, case)
     image, box, shape = to_plan_space(lc.image, lc.spacing, plan, fp)
     sl = tuple(slice(a, b) for a, b in box)
-    target = np.array(plan["target_spacing"])
     n_classes = max(ds.labels) + 1
     label = zoom_labels(lc.label[sl], shape, n_classes)
     # Chunks of one patch: patches are assembled from decoded chunks (voxjet.io.chunks), and a
@@ -332,9 +333,13 @@ def preprocess_case(
     chunks = tuple(int(min(s, max(8, p))) for s, p in zip(shape, plan["patch_size"], strict=True))
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
+    orig = lc.original_label
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("image", data=image, chunks=(1, *chunks), **checked_lz4())
         f.create_dataset("label", data=label, chunks=chunks, **checked_lz4())
+        # the label as the user gave it, for metrics in the original space
+        f.create_dataset("original_label", data=orig, chunks=_whole_chunks(orig.shape),
+                         **checked_lz4())  # fmt: skip
         for cls in sorted(ds.labels):
             if cls == 0:
                 continue
@@ -350,12 +355,13 @@ def preprocess_case(
                 "case_id": case.case_id,
                 "format_version": CASE_FORMAT,
                 "original_affine": lc.affine,
-                "original_shape": from_ras(lc.label, lc.affine).shape,
+                "original_shape": orig.shape,
+                # voxel sizes along the stored array's own axes (HD95 in mm there)
+                "original_voxel_size": np.sqrt((lc.affine[:3, :3] ** 2).sum(0)),
                 "original_spacing_ras": lc.spacing,
-                "ras_orientation_of_original": "".join(nib.aff2axcodes(lc.affine)),
                 "ras_shape": lc.label.shape,
                 "crop_box": np.array(box),
-                "spacing": target,
+                "spacing": np.array(plan["target_spacing"]),
                 "shape": shape,
             }
         )
@@ -367,12 +373,30 @@ def preprocess_case(
     }
 
 
-def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[str]]:
-    """A seeded train/val/test split of case ids (at least one case each where possible)."""
+def _whole_chunks(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(min(s, 64)) for s in shape)
+
+
+def split_cases(case_ids: list[str], cfg: VolumePrepConfig, ds: MSDDataset) -> dict:
+    """The splits: dataset.json's folds (splits_final.json) when it has them — then the test
+    split is whatever labelled case no fold uses — else a seeded train/val/test split. An
+    empty split is an error naming the fraction to change."""
     ids = sorted(case_ids)
+    if ds.folds:
+        in_folds = {c for f in ds.folds for part in f.values() for c in part}
+        folds = [{k: [c for c in f[k] if c in ids] for k in ("train", "val")} for f in ds.folds]
+        test = [c for c in ids if c not in in_folds]
+        if not test:
+            raise VoxjetError(
+                f"{ds.root / 'splits_final.json'}: its folds use every case, which leaves none "
+                "for the test set the evaluation reports on; leave some cases out of every fold"
+            )
+        return {"test": test, **folds[0], "folds": folds}
     perm = [ids[i] for i in np.random.default_rng(cfg.seed).permutation(len(ids))]
-    n_test = max(1, int(round(len(ids) * cfg.test_fraction))) if len(ids) >= 3 else 0
-    n_val = max(1, int(round(len(ids) * cfg.val_fraction))) if len(ids) >= 3 else 0
+    n_test = int(round(len(ids) * cfg.test_fraction))
+    n_val = int(round(len(ids) * cfg.val_fraction))
+    n_test = max(n_test, 1) if cfg.test_fraction > 0 else 0
+    n_val = max(n_val, 1) if cfg.val_fraction > 0 else 0
     split = {
         "test": perm[:n_test],
         "val": perm[n_test : n_test + n_val],
@@ -380,20 +404,47 @@ def split_cases(case_ids: list[str], cfg: VolumePrepConfig) -> dict[str, list[st
     }
     if not split["train"]:
         raise VoxjetError(
-            f"{len(ids)} cases leave none for training: lower val_fraction / "
-            "test_fraction or add cases"
+            f"{len(ids)} cases leave none for training: lower volumes.val_fraction / "
+            "volumes.test_fraction or add cases"
+        )
+    if not split["val"]:
+        raise VoxjetError(
+            f"volumes.val_fraction={cfg.val_fraction} leaves no validation case of {len(ids)}; "
+            "raise it (the best checkpoint is picked on validation cases)"
         )
     return split
+
+
+def kfold(case_ids: list[str], k: int, seed: int) -> list[dict[str, list[str]]]:
+    """k folds of the cases (seeded): each case is validated in exactly one."""
+    ids = sorted(case_ids)
+    if len(ids) < k:
+        raise VoxjetError(f"{k} folds need at least {k} training cases; there are {len(ids)}")
+    perm = [ids[i] for i in np.random.default_rng([seed, k]).permutation(len(ids))]
+    parts = [perm[i::k] for i in range(k)]
+    return [
+        {
+            "train": sorted(c for j, p in enumerate(parts) if j != i for c in p),
+            "val": sorted(parts[i]),
+        }
+        for i in range(k)
+    ]
 
 
 def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     """Check every case, split the good ones, fingerprint the training cases and plan."""
     stats, skipped = inspect_cases(ds, [c.case_id for c in ds.cases], cfg)
-    split = split_cases(list(stats), cfg)
-    fp = fingerprint_from({c: stats[c] for c in split["train"]}, ds)
-    plan = make_plan(fp, cfg)
+    split = split_cases(list(stats), cfg, ds)
+    training = split["train"] + split["val"] if ds.folds else split["train"]
+    fp = fingerprint_from({c: stats[c] for c in training}, ds)
+    plan = make_plan(fp, ds, cfg)
     plan["config"] = asdict(cfg)
     return {"fingerprint": fp, "plan": plan, "splits": split, "skipped": skipped}
+
+
+def _write_json_files(folder: Path, objs: dict[str, object]) -> None:
+    for name, obj in objs.items():
+        (folder / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def preprocess_dataset(
@@ -401,28 +452,18 @@ def preprocess_dataset(
 ) -> dict:
     """Plan, then preprocess every good case; the folder appears whole or not at all."""
     manifest = read_json(manifest_path)
-    ds = load_dataset(manifest["root"])
-    planned = plan_dataset(ds, cfg)
-    plan, fp, split = planned["plan"], planned["fingerprint"], planned["splits"]
-    good = [c for c in ds.cases if c.case_id not in planned["skipped"]]
-    summaries = []
-    with atomic_path(out_dir, directory=True) as tmp:
-        for case in progress(good, "preprocess", "case"):
-            summaries.append(preprocess_case(ds, case, plan, fp, tmp / f"{case.case_id}.h5", cfg))
-        for name, obj in (
-            ("fingerprint", fp),
-            ("plan", plan),
-            ("splits", split),
-            ("cases", summaries),
-            ("skipped", planned["skipped"]),
-        ):
-            (tmp / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
+    with _naming_sources(manifest):
+        ds = load_dataset(manifest["root"])
+        planned = plan_dataset(ds, cfg)
+        plan, fp = planned["plan"], planned["fingerprint"]
+        good = [c for c in ds.cases if c.case_id not in planned["skipped"]]
+        summaries = []
+        with atomic_path(out_dir, directory=True) as tmp:
+            for case in progress(good, "preprocess", "case"):
+                out = tmp / f"{case.case_id}.h5"
+                summaries.append(preprocess_case(ds, case, plan, fp, out, cfg))
+            _write_json_files(tmp, {**planned, "cases": summaries})
     return plan
-
-
-def _write_json_files(folder: Path, objs: dict[str, object]) -> None:
-    for name, obj in objs.items():
-        (folder / f"{name}.json").write_text(json.dumps(obj, indent=2) + "\n")
 
 
 @contextmanager
@@ -456,15 +497,22 @@ def preprocess_one(
     case_id: str,
     out_path: str | os.PathLike,
 ) -> dict:
-    """The per-case job: preprocess one case with the dataset's plan."""
+    """The per-case job: preprocess one case with the dataset's plan (a case the planning
+    skipped as bad gets a file that says so, and why)."""
     plan_dir = Path(plan_dir)
     manifest = read_json(manifest_path)
     ds = load_dataset(manifest["root"])
     plan = read_json(plan_dir / "plan.json")
     fp = read_json(plan_dir / "fingerprint.json")
+    skipped = read_json(plan_dir / "skipped.json")
     by_id = {c.case_id: c for c in ds.cases}
     if case_id not in by_id:
         raise VoxjetError(f"case {case_id!r} is not in {ds.root / 'dataset.json'}")
+    if case_id in skipped:
+        with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
+            f.attrs.update({"case_id": case_id, "format_version": CASE_FORMAT,
+                            "skipped": skipped[case_id]})  # fmt: skip
+        return {"case_id": case_id, "skipped": skipped[case_id]}
     cfg = VolumePrepConfig(**plan["config"])
     with _naming_sources(manifest):
         return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg)
@@ -475,14 +523,16 @@ def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> l
     plan_dir, cases_dir = Path(plan_dir), Path(cases_dir)
     splits = read_json(plan_dir / "splits.json")
     summaries = []
-    for cid in sorted(sum(splits.values(), [])):
+    used = {c for k in ("train", "val", "test") for c in splits[k]}
+    used |= {c for f in splits.get("folds", []) for part in f.values() for c in part}
+    for cid in sorted(used):
         path = cases_dir / f"{cid}.h5"
         try:
             with h5py.File(path, "r") as f:
                 shape = [int(v) for v in f.attrs["shape"]]
             # its size spares a reader at a URL one request a case file (fsspec's size())
             summaries.append({"case_id": cid, "shape": shape, "bytes": path.stat().st_size})
-        except OSError as e:
+        except (OSError, KeyError) as e:
             raise VoxjetError(
                 f"{path}: missing or unreadable; rerun its preprocess_case job"
             ) from e
@@ -492,3 +542,24 @@ def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> l
     with atomic_path(cases_dir / "cases.json") as tmp:
         tmp.write_text(json.dumps(summaries, indent=2) + "\n")
     return summaries
+
+
+def dataset_case_ids(source: str) -> list[str]:
+    """The training cases' ids of a dataset folder or URL, from its dataset.json (read at the
+    dry run, so the one-job-a-case preprocessing is in the DAG from the start)."""
+    if "://" not in source:
+        return [c.case_id for c in load_dataset(source).cases]
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(source.rstrip("/"))
+    try:
+        meta = json.loads(fs.cat_file(f"{root}/dataset.json"))
+    except (OSError, ValueError) as e:
+        raise VoxjetError(f"{source}/dataset.json: cannot read it ({e})") from e
+    if "channel_names" in meta:
+        ending = meta.get("file_ending", ".nii.gz")
+        found = fs.glob(f"{root}/imagesTr/*_0000{ending}")
+        return sorted(Path(p).name[: -len(ending) - 5] for p in found)
+    from voxjet.volumes.msd import _case_id
+
+    return [_case_id(t["image"]) for t in meta["training"]]

@@ -94,6 +94,11 @@ def _save(arr: np.ndarray, affine: np.ndarray, path: Path) -> None:
         os.replace(str(tmp) + ".nii.gz", tmp)
 
 
+def case_ids(cfg: ToyVolumesConfig) -> list[str]:
+    """The training cases' ids generate_dataset writes (known before it runs)."""
+    return [f"toy_{i:03d}" for i in range(cfg.train_cases)]
+
+
 def generate_dataset(
     out_dir: str | os.PathLike,
     cfg: ToyVolumesConfig,

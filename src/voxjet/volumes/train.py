@@ -1,4 +1,7 @@
-"""`voxjet train-seg`: patch-based 3D segmentation through the shared training loop."""
+"""`voxjet train-seg`: patch-based 3D segmentation through the shared training loop: DiceCE
+on class labels (softmax) or on region masks (sigmoid, region-based datasets, as nnU-Net trains
+them), deep supervision on DynUNet's decoder outputs where asked, the plan's network, k-fold
+cross-validation runs, and patches made by DataLoader workers with nnU-Net's augmentation."""
 
 from __future__ import annotations
 
@@ -17,8 +20,31 @@ from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
-from voxjet.volumes.models import build_unet
-from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes
+from voxjet.volumes.models import build_seg_model
+from voxjet.volumes.patches import CaseStore, PatchBatches, PatchSampler, case_sizes
+
+
+def fold_splits(splits: dict, s: TrainSettings, seed: int, where: str) -> tuple[list, list]:
+    """(train, val) case ids of this run: the dataset's split, or fold `s.fold` of `s.folds`
+    (splits_final.json's folds when the dataset has that many, else seeded folds of the
+    training and validation cases)."""
+    if s.fold is None:
+        return splits["train"], splits["val"]
+    from voxjet.volumes.preprocess import kfold
+
+    folds = splits.get("folds")
+    if not folds or (s.folds and len(folds) != s.folds):
+        folds = kfold(splits["train"] + splits["val"], s.folds or 5, seed)
+    if s.fold >= len(folds):
+        raise VoxjetError(f"{where}: train.fold={s.fold}, but there are {len(folds)} folds")
+    return folds[s.fold]["train"], folds[s.fold]["val"]
+
+
+def region_targets(label: torch.Tensor, plan: dict) -> torch.Tensor:
+    """[B, R, ...] float masks of the regions from [B, 1, ...] labels (on their device)."""
+    masks = [torch.isin(label[:, 0], torch.tensor(v, device=label.device)) for v in
+             plan["regions"].values()]  # fmt: skip
+    return torch.stack(masks, 1).float()
 
 
 class SegTask:
@@ -36,16 +62,18 @@ class SegTask:
         self.plan = read_json_at(self.dir, "plan.json", r)
         self.fingerprint = read_json_at(self.dir, "fingerprint.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
-        remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
-                  "sizes": case_sizes(self.dir, r)}  # fmt: skip
-        self.train_store = CaseStore(self.dir, self.splits["train"], **remote)
-        if not self.splits["val"]:
+        seed = self.plan.get("config", {}).get("seed", 42)
+        train_ids, val_ids = fold_splits(self.splits, s, seed, f"{self.dir}/splits.json")
+        if not val_ids:
             raise VoxjetError(
                 f"{self.dir}/splits.json: the validation split is empty (the best checkpoint "
                 "would be picked on training cases); raise the dataset's volumes.val_fraction "
                 "or add cases"
             )
-        self.val_store = CaseStore(self.dir, self.splits["val"], **remote)
+        remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
+                  "sizes": case_sizes(self.dir, r)}  # fmt: skip
+        self.train_store = CaseStore(self.dir, train_ids, **remote)
+        self.val_store = CaseStore(self.dir, val_ids, **remote)
         self.sampler = PatchSampler(
             self.train_store,
             self.plan["patch_size"],
@@ -53,20 +81,42 @@ class SegTask:
             s.foreground_fraction,
             s.seed,
             augment=s.augment,
+            spacing=self.plan["target_spacing"],
         )
+        self.s = s
         self.iterations = s.iterations_per_epoch
-        self.data = {"plan": self.plan}
+        self.data = {"plan": self.plan, "train": sorted(train_ids), "val": sorted(val_ids)}
         channels = self.train_store.file(self.train_store.case_ids[0])["image"].shape[0]
+        self.regions = bool(self.plan.get("regions"))
         self.model_cfg = {
-            "in_channels": int(channels),
-            "out_channels": self.plan["num_classes"],
+            "name": "unet",
             **model_cfg,
+            "in_channels": int(channels),
+            "out_channels": int(self.plan.get("num_outputs", self.plan["num_classes"])),
         }
-        self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
+        if self.model_cfg["name"] == "dynunet":
+            self.model_cfg["network"] = self.plan["network"]
+            filters = self.model_cfg.get("filters")
+            if filters is not None and len(filters) != len(self.plan["network"]["strides"]):
+                raise VoxjetError(
+                    f"model.filters has {len(filters)} widths, but the plan's network has "
+                    f"{len(self.plan['network']['strides'])} levels; give that many, or null "
+                    "for the plan's"
+                )
+        from voxjet.volumes.planning import check_model_against_plan
+
+        check_model_against_plan(self.model_cfg, self.plan, f"{self.dir}/plan.json")
+        self.deep_supervision = bool(self.model_cfg.get("deep_supervision"))
+        if self.deep_supervision and s.pipeline_stages > 1:
+            raise VoxjetError("model.deep_supervision and train.pipeline_stages > 1: a pipeline "
+                              "cut has one output; switch one off")  # fmt: skip
+        self.loss_fn = (
+            DiceCELoss(sigmoid=True) if self.regions else DiceCELoss(to_onehot_y=True, softmax=True)
+        )
         self.experiment = ""  # for the trackers (MLflow's experiment)
 
     def build_model(self) -> nn.Module:
-        return build_unet(**self.model_cfg)
+        return build_seg_model(self.model_cfg)
 
     def data_config(self) -> dict[str, Any]:
         return self.data
@@ -78,13 +128,22 @@ class SegTask:
             **self.model_cfg,
             "patch_size": self.plan["patch_size"],
             "domain": "volumes",
+            # which cases trained and picked it (a fold's, for a cross-validation)
+            "cases": {"train": self.data["train"], "val": self.data["val"]},
             "plan": self.plan,
             "fingerprint": self.fingerprint,
         }
 
     def batches(self, epoch: int, start: int, rt: Runtime) -> Iterator[dict[str, torch.Tensor]]:
-        for i in range(start, self.iterations):
-            yield self.sampler.batch(rt.rank, epoch, i)
+        if self.s.loader_workers == 0:
+            for i in range(start, self.iterations):
+                yield self.sampler.batch(rt.rank, epoch, i)
+            return
+        from voxjet.io.handover import ReturningLoader
+
+        # workers make the patches (reading, augmenting) side by side, in the same order
+        batches = PatchBatches(self.sampler, rt.rank, epoch, start, self.iterations)
+        yield from ReturningLoader(batches, self.s.loader_workers, slots=self.s.prefetch + 4)
 
     def provenance(self, batch) -> list[str]:
         """The case and patch centre of each patch."""
@@ -94,17 +153,27 @@ class SegTask:
         """Which cases and patch centres a batch came from (for error messages)."""
         return "patches " + ", ".join(provenance)
 
+    def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.regions:
+            target = region_targets(target, self.plan)
+        if out.dim() == target.dim() + 1:  # deep supervision: [B, heads, C, ...]
+            heads = out.shape[1]
+            w = torch.tensor([0.5**i for i in range(heads)], device=out.device)
+            w = w / w.sum()  # nnU-Net's weights: 1, 1/2, 1/4, … normalised
+            return sum(w[i] * self.loss_fn(out[:, i].float(), target) for i in range(heads))
+        return self.loss_fn(out.float(), target)
+
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
         inputs, target = self.pipeline_batch(batch, device)
-        return self.loss_fn(model(inputs).float(), target), len(inputs)
+        return self._loss(model(inputs), target), len(inputs)
 
     def pipeline_stages(self, model: nn.Module, k: int):
-        """The U-Net cut into k stages balanced for the plan's patch, and the loss the last
+        """The network cut into k stages balanced for the plan's patch, and the loss the last
         stage applies to each micro-batch."""
-        from voxjet.volumes.unet_stages import split_unet
+        from voxjet.volumes.unet_stages import split_network
 
-        stages = split_unet(model, k, self.model_cfg["in_channels"], self.plan["patch_size"])
-        return stages, lambda out, target: self.loss_fn(out.float(), target)
+        stages = split_network(model, k, self.model_cfg["in_channels"], self.plan["patch_size"])
+        return stages, self._loss
 
     def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(input patches, label patches) on the device (labels widened there from the
@@ -114,25 +183,22 @@ class SegTask:
     def validate(self, model: nn.Module, device: torch.device, rt: Runtime) -> dict[str, float]:
         """Each rank predicts its share of the validation cases (case i on rank i mod world);
         the per-case Dice values are gathered and every rank averages them the same way."""
-        n = self.plan["num_classes"]
         mine = {}
         for cid in self.val_store.case_ids[rt.rank :: rt.world_size]:
             image, label = read_case_arrays(self.val_store.file(cid))
-            pred = predict_case(model, image, self.plan["patch_size"], device)
+            pred = predict_case(model, image, self.plan["patch_size"], device, plan=self.plan)
             mine[cid] = {
-                c: m["dice"] for c, m in seg_metrics(pred, label, n).items() if m["present"]
+                c: m["dice"] for c, m in seg_metrics(pred, label, self.plan).items() if m["present"]
             }
         parts = [mine]
         if rt.distributed:
             parts = [None] * rt.world_size
             dist.all_gather_object(parts, mine)
         cases = {cid: d for part in parts for cid, d in part.items()}
-        dices = {
-            c: [cases[cid][c] for cid in sorted(cases) if c in cases[cid]] for c in range(1, n)
-        }
+        names = sorted({c for d in cases.values() for c in d})
         per = {
-            f"dice_{self.plan['labels'][str(c)]}": float(np.mean(v)) if v else float("nan")
-            for c, v in dices.items()
+            f"dice_{c}": float(np.mean([cases[k][c] for k in sorted(cases) if c in cases[k]]))
+            for c in names
         }
         vals = [v for v in per.values() if np.isfinite(v)]
         return {"score": float(np.mean(vals)) if vals else 0.0, **per}

@@ -1,7 +1,9 @@
-"""A MONAI U-Net cut into K pipeline stages that share its parameters.
+"""A U-Net (MONAI's UNet or DynUNet) cut into K pipeline stages that share its parameters.
 
 MONAI's UNet nests `Sequential(down, SkipConnection(inner), up)`; flattened, it is the op list
 down_1 … down_L, bottom, up_L … up_1 where up_i sees `cat(h_i, z)` and h_i is down_i's output.
+DynUNet flattens to input block and down-samplings (each a skip), bottleneck, up-samplings
+that take (z, skip), and the output block.
 A stage runs a contiguous range of ops; what crosses a cut is the running activation plus the
 skip tensors that later ups still need, passed as extra tensors between stages. The cuts are
 placed so that the activation memory each stage keeps for backward (estimated on the meta
@@ -44,14 +46,37 @@ def unet_ops(unet: nn.Module) -> list[Op]:
     )
 
 
+def dynunet_ops(net: nn.Module) -> list[Op]:
+    """DynUNet's blocks in execution order (deep supervision off: one output)."""
+    if getattr(net, "deep_supervision", False):
+        raise VoxjetError("a DynUNet with deep supervision has several outputs; it cannot be "
+                          "cut into pipeline stages")  # fmt: skip
+    downs = [net.input_block, *net.downsamples]
+    return (
+        [Op("down", m) for m in downs]
+        + [Op("bottom", net.bottleneck)]
+        + [Op("upcall", m) for m in net.upsamples]
+        + [Op("out", net.output_block)]
+    )
+
+
+def network_ops(net: nn.Module) -> list[Op]:
+    """The op list of a MONAI UNet or DynUNet."""
+    from monai.networks.nets import DynUNet
+
+    return dynunet_ops(net) if isinstance(net, DynUNet) else unet_ops(net)
+
+
 def run_ops(ops: list[Op], z: torch.Tensor, skips: list[torch.Tensor]) -> torch.Tensor:
     """Apply ops to the running activation `z`; `skips` (a stack) is updated in place."""
     for op in ops:
         if op.kind == "down":
             z = op.module(z)
             skips.append(z)
-        elif op.kind == "bottom":
+        elif op.kind in ("bottom", "out"):
             z = op.module(z)
+        elif op.kind == "upcall":
+            z = op.module(z, skips.pop())
         else:
             z = op.module(torch.cat([skips.pop(), z], dim=1))
     return z
@@ -103,7 +128,7 @@ def op_costs(ops: list[Op], in_channels: int, patch: list[int]) -> list[float]:
         hooks = [m.register_forward_hook(count) for m in meta.modules() if not list(m.children())]
         seen.clear()
         # an up op's first layer also keeps its input, the concatenation (skip, z)
-        cat = skips[-1].numel() + z.numel() if op.kind == "up" else 0
+        cat = skips[-1].numel() + z.numel() if op.kind in ("up", "upcall") else 0
         z = run_ops([Op(op.kind, meta)], z, skips)
         for h in hooks:
             h.remove()
@@ -142,9 +167,9 @@ def balanced_cuts(costs: list[float], k: int) -> list[int]:
     return cuts[::-1]
 
 
-def split_unet(unet: nn.Module, k: int, in_channels: int, patch: list[int]) -> list[UNetStage]:
-    """The U-Net as k stages balanced by activation memory (stage i's parameters are the
-    U-Net's own, so training the stages trains the U-Net)."""
-    ops = unet_ops(unet)
+def split_network(net: nn.Module, k: int, in_channels: int, patch: list[int]) -> list[UNetStage]:
+    """The network as k stages balanced by activation memory (stage i's parameters are the
+    network's own, so training the stages trains it)."""
+    ops = network_ops(net)
     cuts = balanced_cuts(op_costs(ops, in_channels, patch), k)
     return [UNetStage(ops, a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]

@@ -2,9 +2,11 @@
 
 1. patches/s of the voxjet patch loader (preprocessed HDF5 case files) ÷ the real nnU-Net v2
    loader (nnUNetDataLoader over its blosc2 files, `bench` extra), same patch, batch and
-   foreground share, one process each: with voxjet's decoded-chunk cache holding the whole
-   dataset and holding 10% of it, and with each side's training augmentation on (nnU-Net's
-   whole training pipeline; voxjet's spatial and intensity transforms). Target >= 2.
+   foreground share, one process each: voxjet's default case files (uncompressed, memory-
+   mapped), and LZ4-compressed ones (`storage: compressed`) with the decoded-chunk cache
+   holding the whole dataset and holding 10% of it; and with each side's training
+   augmentation on (nnU-Net's whole training pipeline; voxjet's spatial and intensity
+   transforms). Target >= 2.
 2. preprocessing, as each runs it, ÷ nnU-Net's: `voxjet preprocess-case` one process a case
    (what a workflow job runs, imports included) against `nnUNetv2_preprocess -np 1` over all
    cases, per case. Target >= 1.
@@ -95,16 +97,17 @@ def bench_loader(
     return ours, monai
 
 
-def bench_preprocess(msd: Path, out: Path, patch: list[int],
-                    spacing: list[float] | None) -> tuple[float, int]:  # fmt: skip
+def bench_preprocess(msd: Path, out: Path, patch: list[int], spacing: list[float] | None,
+                     storage: str = "mapped") -> tuple[float, int]:  # fmt: skip
     """(seconds of every `voxjet preprocess-case` job, cases): the workflow's per-case
     command, one process a case, after the (untimed) `voxjet plan-volumes`."""
     import subprocess
 
     exe = Path(sys.executable).parent / "voxjet"
+    out.parent.mkdir(parents=True, exist_ok=True)
     manifest = out.parent / "manifest.json"
     manifest.write_text(json.dumps({"root": str(msd), "files": []}))
-    cfg = {"patch_size": patch, "network_depth": 3, "target_spacing": spacing}
+    cfg = {"patch_size": patch, "network_depth": 3, "target_spacing": spacing, "storage": storage}
     plan = out.parent / "plan"
     subprocess.run([str(exe), "plan-volumes", "--manifest", str(manifest), "--out", str(plan),
                     "--config", json.dumps(cfg)], check=True, capture_output=True)  # fmt: skip
@@ -183,6 +186,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--batches", type=int, default=30)
     a = ap.parse_args()
+    # one thread on both sides: nnU-Net's loader runs under threadpool_limits(1) (and its
+    # training runs loaders in worker processes, as voxjet's loader_workers)
+    import torch
+
+    torch.set_num_threads(1)
     peer = nnunet_peer.available()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
@@ -196,48 +204,64 @@ def main() -> None:
             # the same target spacing on both sides (nnU-Net's is z, y, x)
             spacing = list(reversed(nn["plans"]["configurations"]["3d_fullres"]["spacing"]))
         prep, n_cases = bench_preprocess(msd, d / "cases", a.patch, spacing)
+        # the same cases LZ4-compressed in half-patch chunks (`volumes.storage: compressed`)
+        bench_preprocess(msd, d / "lz4" / "cases", a.patch, spacing, "compressed")
+        lz4 = d / "lz4" / "cases"
         ids = sorted(p.stem for p in (d / "cases").glob("*.h5"))
         total = _decoded_bytes(d / "cases", ids)
         print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}; decoded dataset "
               f"{total / 2**20:.0f} MiB")  # fmt: skip
         rates = {}
-        for name, cache, augment in (("all", 2 * total, False), ("10%", total // 10, False),
-                                     ("aug", 2 * total, True)):  # fmt: skip
-            rates[name] = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches,
-                                       monai=(name == "all"), cache_bytes=cache,
+        for name, folder, cache, augment in (
+            ("mapped", d / "cases", 0, False),
+            ("all", lz4, 2 * total, False),
+            ("10%", lz4, total // 10, False),
+            ("aug", d / "cases", 0, True),
+        ):
+            rates[name] = bench_loader(folder, msd, ids, a.patch, a.batch, a.batches,
+                                       monai=(name == "mapped"), cache_bytes=cache,
                                        augment=augment)  # fmt: skip
         if peer:
             theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet")
-            aug = nnunet_peer.loader_rate(nn, a.patch, a.batch, max(4, a.batches // 5), True,
+            aug = nnunet_peer.loader_rate(nn, a.patch, a.batch, max(10, a.batches // 2), True,
                                           d / "nnunet")  # fmt: skip
             print(f"preprocessed shapes (x, y, z): voxjet {_shapes(d / 'cases', ids)}, nnU-Net "
                   f"{[tuple(reversed(s)) for s in nnunet_peer.case_shapes(nn)]}")  # fmt: skip
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from unchecked import copy_without_checksums
 
-        plain = copy_without_checksums(d / "cases", d / "unchecked")
+        plain = copy_without_checksums(lz4, d / "unchecked")
         # no decoded-chunk cache: every patch decodes (and verifies) what it reads
         same = {"monai": False, "cache_bytes": 0}
-        checked = bench_loader(d / "cases", msd, ids, a.patch, a.batch, a.batches, **same)
+        checked = bench_loader(lz4, msd, ids, a.patch, a.batch, a.batches, **same)
         unchecked = bench_loader(plain, msd, ids, a.patch, a.batch, a.batches, **same)
         h5, npy = bench_patch_read(d / "cases", ids[0], d, a.patch, 50)
+        disk = sum(p.stat().st_size for p in (d / "cases").glob("*.h5"))
+        disk_lz4 = sum(p.stat().st_size for p in lz4.glob("*.h5"))
+    print(
+        f"case files on disk: mapped {disk / 2**20:.0f} MiB, compressed {disk_lz4 / 2**20:.0f} MiB"
+    )
     if peer:
-        for name, label in (("all", "cache holds the dataset"), ("10%", "cache holds 10% of it")):
+        for name, label in (
+            ("mapped", "storage mapped (the page cache holds the files)"),
+            ("all", "compressed, decoded-chunk cache holds the dataset"),
+            ("10%", "compressed, decoded-chunk cache holds 10% of it"),
+        ):
             _row(f"loader patches/s ÷ nnU-Net's nnUNetDataLoader, {label}", rates[name][0] / theirs,
                  2, f"{rates[name][0]:.1f} vs {theirs:.1f} patches/s")  # fmt: skip
-        _row("loader patches/s ÷ nnU-Net's, both with training augmentation", rates["aug"][0] / aug,
-             2, f"{rates['aug'][0]:.1f} vs {aug:.1f} patches/s")  # fmt: skip
+        _row("loader patches/s ÷ nnU-Net's, both with training augmentation (mapped)",
+             rates["aug"][0] / aug, 2, f"{rates['aug'][0]:.1f} vs {aug:.1f} patches/s")  # fmt: skip
         mine, theirs_case = prep / n_cases, nn["seconds"] / nn["cases"]
         _row("preprocessing a case (voxjet preprocess-case jobs) ÷ nnUNetv2_preprocess -np 1",
              theirs_case / mine, 1.0, f"{mine:.2f} s vs {theirs_case:.2f} s a case")  # fmt: skip
     else:
         print("nnU-Net rows left out: nnunetv2 is not installed (pip install -e '.[bench]')")
-    ours, monai = rates["all"]
+    ours, monai = rates["mapped"]
     _row("loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)", ours / monai,
          10, f"{ours:.1f} vs {monai:.1f} patches/s")  # fmt: skip
-    _row("random patch read: case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,
+    _row("random patch read: mapped case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,
          f"{1000 * h5:.2f} ms vs {1000 * npy:.2f} ms")  # fmt: skip
-    _row("loader patches/s, no cache: checksums verified ÷ case files without them",
+    _row("loader patches/s, compressed, no cache: checksums verified ÷ without them",
          checked[0] / unchecked[0], 0.9,
          f"{checked[0]:.1f} vs {unchecked[0]:.1f} patches/s")  # fmt: skip
 

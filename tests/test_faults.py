@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -54,7 +55,8 @@ def test_flipped_bytes_in_a_shard_fail_naming_file_and_jets(shards, tmp_path):
         load_split(copy, "test")
 
 
-def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path):
+@pytest.mark.parametrize("storage", ["mapped", "compressed"])
+def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
     from voxjet.volumes.patches import CaseStore, PatchSampler
     from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
@@ -63,7 +65,7 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path):
                      min_shape=(40, 40, 16), max_shape=(44, 44, 18)), progress=False)  # fmt: skip
     (tmp_path / "m.json").write_text(json.dumps({"root": str(tmp_path / "msd")}))
     plan = preprocess_dataset(tmp_path / "m.json", tmp_path / "cases", VolumePrepConfig(
-        patch_size=[16, 16, 8], val_fraction=0.25, test_fraction=0.0))  # fmt: skip
+        patch_size=[16, 16, 8], val_fraction=0.25, test_fraction=0.0, storage=storage))  # fmt: skip
     ids = sorted(p.stem for p in (tmp_path / "cases").glob("*.h5"))
     for n in (16, 4096):
         victim = tmp_path / "cases" / f"{ids[0]}.h5"
@@ -78,6 +80,12 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path):
             store.volumes(ids[0])[0].read((0, 0, 0, 0), store.volumes(ids[0])[0].shape)
         assert f"{ids[0]}.h5" in str(e.value) and "rerun preprocess_case" in str(e.value)
         store.close()
+        # evaluation and validation read whole cases: verified as well
+        from voxjet.volumes.inference import read_case_arrays
+
+        with pytest.raises(VoxjetError, match=rf"{ids[0]}\.h5: .*rerun preprocess_case"):
+            with h5py.File(victim) as f:
+                read_case_arrays(f)
         victim.write_bytes(original)
 
 

@@ -31,15 +31,22 @@ def toy_msd(tmp_path_factory):
     return generate_dataset(tmp_path_factory.mktemp("msd"), SMALL, progress=False)
 
 
-@pytest.fixture(scope="module")
-def cases(toy_msd, tmp_path_factory):
-    out = tmp_path_factory.mktemp("prep")
+def _prepared(toy_msd, out: Path, storage: str) -> Path:
     manifest = out / "manifest.json"
     manifest.write_text(json.dumps({"root": str(toy_msd), "files": []}))
-    preprocess_dataset(
-        manifest, out / "cases", VolumePrepConfig(patch_size=[32, 32, 16], network_depth=2)
-    )
+    cfg = VolumePrepConfig(patch_size=[32, 32, 16], network_depth=2, storage=storage)
+    preprocess_dataset(manifest, out / "cases", cfg)
     return out / "cases"
+
+
+@pytest.fixture(scope="module")
+def cases(toy_msd, tmp_path_factory):
+    return _prepared(toy_msd, tmp_path_factory.mktemp("prep"), "mapped")
+
+
+@pytest.fixture(scope="module")
+def compressed_cases(toy_msd, tmp_path_factory):
+    return _prepared(toy_msd, tmp_path_factory.mktemp("prep_lz4"), "compressed")
 
 
 def test_toy_dataset_is_msd_layout_with_varied_geometry(toy_msd):
@@ -126,10 +133,9 @@ def test_preprocessed_cases_keep_geometry_and_foreground(cases, toy_msd):
     with h5py.File(cases / "toy_000.h5") as f:
         img, lbl = f["image"], f["label"]
         assert img.shape[1:] == lbl.shape and img.dtype == np.float32
-        # one chunk a patch (capped by the volume): a random patch touches at most 8 chunks
-        assert img.chunks[1:] == tuple(
-            min(a, b) for a, b in zip((32, 32, 16), lbl.shape, strict=True)
-        )
+        # the default storage: uncompressed and contiguous (memory-mapped), a CRC32 a slab
+        assert img.chunks is None and lbl.chunks is None
+        assert f["image_crc32"].shape == (1, -(-lbl.shape[0] // 8))
         assert np.allclose(f.attrs["spacing"], plan["target_spacing"])
         orig = nib.load(toy_msd / "imagesTr" / "toy_000.nii.gz")
         assert np.allclose(f.attrs["original_affine"], orig.affine)
@@ -154,8 +160,14 @@ def test_patch_sampler_oversamples_foreground_and_is_deterministic(cases):
     store.close()
 
 
-def test_read_patch_pads_outside_the_volume_and_matches_hdf5(cases):
+@pytest.mark.parametrize("storage", ["mapped", "compressed"])
+def test_read_patch_pads_outside_the_volume_and_matches_hdf5(storage, request):
+    cases = request.getfixturevalue("cases" if storage == "mapped" else "compressed_cases")
     case = sorted(cases.glob("toy_*.h5"))[0].stem
+    if storage == "compressed":  # chunks of half a patch (capped by the volume)
+        with h5py.File(cases / f"{case}.h5") as f:
+            want = tuple(min(a, b) for a, b in zip((16, 16, 8), f["label"].shape, strict=True))
+            assert f["image"].chunks[1:] == want and f["image"].compression
     store = CaseStore(cases, [case], cache_bytes=1 << 20)  # small: evictions happen
     image, label = store.volumes(case)
     with h5py.File(cases / f"{case}.h5") as f:
@@ -178,8 +190,11 @@ def test_read_patch_pads_outside_the_volume_and_matches_hdf5(cases):
         )
         assert np.array_equal(lbl[d], full_lbl[sl])
         assert np.array_equal(img[(slice(None), *d)], full_img[(slice(None), *sl)])
-    assert store.cache.bytes <= 1 << 20 or len(store.cache._items) == 1
-    assert store.cache.hits > 0
+    if storage == "compressed":
+        assert store.cache.bytes <= 1 << 20 or len(store.cache._items) == 1
+        assert store.cache.hits > 0
+    else:  # a memory map: nothing decoded, nothing cached, every slab verified once
+        assert store.cache.bytes == 0 and image.verified.all() and label.verified.all()
     store.close()
 
 

@@ -118,9 +118,7 @@ def seg_metrics(
 
 def read_case_arrays(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
     """The whole preprocessed image and label of an open case file."""
-    try:
-        return f["image"][...], f["label"][...]
-    except (OSError, RuntimeError, ValueError) as e:
-        from voxjet.io.integrity import corrupt_error
+    from voxjet.io.mapped import read_verified
 
-        raise corrupt_error(f.filename, "the case's image or label", "preprocess_case", e) from e
+    where = f.filename
+    return read_verified(f, "image", 1, where), read_verified(f, "label", 0, where)

@@ -18,11 +18,13 @@ from voxjet.errors import VoxjetError
 from voxjet.io.chunks import ChunkCache, ChunkedArray
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.integrity import corrupt_error
+from voxjet.io.mapped import MappedArray, is_mapped
 from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
 
-# 3: the original label kept for metrics in the original space; 2: a fletcher32 checksum a
-# chunk (1: none); written by voxjet.volumes.preprocess
-CASE_FORMAT = 3
+# 4: image and label uncompressed with a CRC32 a slab (storage: mapped) or in half-patch
+# chunks; 3: the original label kept for metrics in the original space; 2: a fletcher32
+# checksum a chunk (1: none); written by voxjet.volumes.preprocess
+CASE_FORMAT = 4
 
 
 def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int]:
@@ -58,7 +60,7 @@ class CaseStore:
         self.dir = Path(cases_dir) if not self.remote else None
         self.case_ids = list(case_ids)
         self._files: dict[str, h5py.File] = {}
-        self._volumes: dict[str, tuple[ChunkedArray, ChunkedArray]] = {}
+        self._volumes: dict[str, tuple] = {}
         self._foreground: dict[str, list[np.ndarray]] = {}
         self.cache = ChunkCache(cache_bytes)
         if self.remote:
@@ -111,15 +113,20 @@ class CaseStore:
             self._files[case_id] = f
         return self._files[case_id]
 
-    def volumes(self, case_id: str) -> tuple[ChunkedArray, ChunkedArray]:
-        """Image [C, X, Y, Z] and label [X, Y, Z] of a case, read through the chunk cache."""
+    def volumes(self, case_id: str) -> tuple:
+        """Image [C, X, Y, Z] and label [X, Y, Z] of a case: memory-mapped (`storage: mapped`)
+        or read through the decoded-chunk cache (`compressed`); both with .read(lo, hi)."""
         if case_id not in self._volumes:
             f = self.file(case_id)
             where = f"{self.url}/{case_id}.h5"
-            self._volumes[case_id] = (
-                ChunkedArray(f["image"], self.cache, (case_id, "image"), where),
-                ChunkedArray(f["label"], self.cache, (case_id, "label"), where),
-            )
+            local = None if self.remote else str(self.dir / f"{case_id}.h5")
+
+            def array(name: str, axis: int):
+                if is_mapped(f[name]):  # uncompressed: a memory map, no decoding to cache
+                    return MappedArray(f[name], axis, where, local)
+                return ChunkedArray(f[name], self.cache, (case_id, name), where)
+
+            self._volumes[case_id] = (array("image", 1), array("label", 0))
         return self._volumes[case_id]
 
     def foreground(self, case_id: str) -> list[np.ndarray]:
@@ -148,8 +155,8 @@ class CaseStore:
 
 
 def read_patch(
-    image: ChunkedArray,
-    label: ChunkedArray,
+    image: ChunkedArray | MappedArray,
+    label: ChunkedArray | MappedArray,
     centre: np.ndarray,
     patch: np.ndarray,
     out: tuple[np.ndarray, np.ndarray] | None = None,

@@ -26,6 +26,7 @@ import numpy as np
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.io.integrity import checked_lz4
+from voxjet.io.mapped import write_mapped
 from voxjet.progress import progress
 from voxjet.stage.transfer import name_sources
 from voxjet.volumes.geometry import (
@@ -54,6 +55,7 @@ class VolumePrepConfig:
     test_fraction: float = 0.2
     foreground_samples: int = 10000
     on_bad_case: str = "fail"
+    storage: str = "mapped"
     seed: int = 42
 
 
@@ -328,15 +330,20 @@ def preprocess_case(
     sl = tuple(slice(a, b) for a, b in box)
     n_classes = max(ds.labels) + 1
     label = zoom_labels(lc.label[sl], shape, n_classes)
-    # Chunks of one patch: patches are assembled from decoded chunks (voxjet.io.chunks), and a
-    # random patch then touches at most 8 of them (27 with half-patch chunks).
-    chunks = tuple(int(min(s, max(8, p))) for s, p in zip(shape, plan["patch_size"], strict=True))
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     orig = lc.original_label
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
-        f.create_dataset("image", data=image, chunks=(1, *chunks), **checked_lz4())
-        f.create_dataset("label", data=label, chunks=chunks, **checked_lz4())
+        if cfg.storage == "mapped":  # uncompressed, read through a memory map
+            write_mapped(f, "image", image, axis=1)
+            write_mapped(f, "label", label, axis=0)
+        else:
+            # Half-patch chunks: a random patch decodes 2-3 chunks an axis, about twice its
+            # own size; patch-sized chunks decode up to 8 patches' worth (benchmarks/README.md)
+            chunks = tuple(int(min(s, max(8, p // 2)))
+                           for s, p in zip(shape, plan["patch_size"], strict=True))  # fmt: skip
+            f.create_dataset("image", data=image, chunks=(1, *chunks), **checked_lz4())
+            f.create_dataset("label", data=label, chunks=chunks, **checked_lz4())
         # the label as the user gave it, for metrics in the original space
         f.create_dataset("original_label", data=orig, chunks=_whole_chunks(orig.shape),
                          **checked_lz4())  # fmt: skip

@@ -4,12 +4,15 @@ what the planner's estimate (voxjet.volumes.planning.estimate_bytes) is tested a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 # Anonymous resident memory, sampled every 0.2 ms by a thread: unlike the peak resident set
 # size it leaves out library code paged in on first use, which depends on the page cache
-# (a busy machine made ru_maxrss read up to twice the allocations).
+# (a busy machine made ru_maxrss read up to twice the allocations). glibc's malloc is told to
+# map every block over 64 KiB on its own and give freed memory back at once: with its adaptive
+# thresholds, freed tensors stayed in the heap at random and one machine read a third more.
 CODE = """
 import json, sys, threading, time, torch
 from voxjet.volumes.models import build_seg_model
@@ -45,5 +48,6 @@ def measure_peak_bytes(cfg: dict, patch: list[int], batch: int) -> int:
         capture_output=True,
         text=True,
         check=True,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"},
     )
     return int(out.stdout.strip().splitlines()[-1])

@@ -203,3 +203,38 @@ def test_repeats_are_summarised_as_mean_std_and_range(tmp_path):
     assert "jets-ds_jets-repeats.png" in out["figures"]
     rows = list(csv.DictReader(open(tmp_path / "summary" / "metrics.csv")))
     assert {r["group"] for r in rows if r["run"].startswith("pfn")} == {"pfn"}
+
+
+def test_any_background_class_and_rejections_at_their_bound(tmp_path):
+    """Classes signal/background (the HZZ example's): rejection metrics, their figure, and a
+    1/ε_B that only bounds the rejection from below is flagged, not ranked as a value."""
+    import h5py
+    import numpy as np
+
+    from voxjet.jets.metrics import jet_metrics
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 600)
+    good = np.stack([1 - labels, labels], 1) * 0.98 + 0.01  # separates perfectly: at the bound
+    fuzzy = np.clip(good + rng.normal(0, 0.4, good.shape), 0.01, None)
+    fuzzy /= fuzzy.sum(1, keepdims=True)
+    runs = []
+    for name, probs in (("perfect", good), ("fuzzy", fuzzy)):
+        m = jet_metrics(probs, labels, ["background", "signal"])
+        r = _run(tmp_path, name, "jets", m)
+        with h5py.File(tmp_path / name / "eval" / "predictions.h5", "w") as f:
+            f["probs"], f["labels"] = probs, labels
+            f.attrs["classes"] = ["background", "signal"]
+        runs.append(r)
+    aggregate(runs, tmp_path / "summary", None)
+    rows = list(csv.DictReader(open(tmp_path / "summary" / "metrics.csv")))
+    val = {(r["run"], r["metric"]): float(r["value"]) for r in rows}
+    assert val[("perfect", "rej50_signal_vs_background_is_lower_bound")] == 1.0
+    assert ("fuzzy", "rej50_signal_vs_background_is_lower_bound") not in val
+    assert val[("fuzzy", "rej50_signal_vs_background")] > 1
+    summary = (tmp_path / "summary" / "summary.md").read_text()
+    assert (
+        "Rejections at their bound" in summary and "perfect: rej50_signal_vs_background" in summary
+    )
+    figs = {p.name for p in (tmp_path / "summary" / "figures").iterdir()}
+    assert {"jets-ds_jets-roc.png", "jets-ds_jets-rejection.png"} <= figs

@@ -157,3 +157,55 @@ def test_credentials_in_storage_options_are_refused(demo_config):
         check_config(cfg, SCHEMA)
     cfg["datasets"]["toy_jets"]["read"] = {"storage_options": {"profile": "mine", "anon": False}}
     check_config(cfg, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "jets,match",
+    [
+        # a label hidden in a variable: trains to AUC 1.0 on a tagger that knows nothing
+        ({"new_variables": {"leak": "part_deta * 0 + label_Tbqq"},
+          "particle_features": ["part_deta", "leak"]},
+         r"jets.particle_features': the input 'leak' reads \['label_Tbqq'\] \(through "
+         r"jets.new_variables.leak\), a label or generator-level truth branch"),
+        # generator-level truth as a feature, directly
+        ({"jet_features": ["jet_pt", "aux_genpart_pt"]},
+         r"jets.jet_features': the input 'aux_genpart_pt' reads \['aux_genpart_pt'\]"),
+        # a label branch not among the classes used is still a label
+        ({"jet_features": ["label_Hcc"]}, r"the input 'label_Hcc' reads \['label_Hcc'\]"),
+        # ordering the particles by truth leaks too
+        ({"new_variables": {"key": "aux_genpart_pt * part_deta"}, "sort_by": "key"},
+         r"jets.sort_by': the input 'key' reads \['aux_genpart_pt'\]"),
+        # an expression that would never finish is refused, not run
+        ({"new_variables": {"huge": "9**9**9"}, "jet_features": ["jet_pt", "huge"]},
+         r"jets.new_variables.huge: the exponent '9 \*\* 9'"),
+        ({"selection": "jet_pt >"}, r"jets.new_variables.__selection__: cannot parse"),
+    ],
+)  # fmt: skip
+def test_inputs_that_read_the_answer_or_never_finish_are_refused_at_the_check(
+    demo_config, jets, match
+):
+    bad = copy.deepcopy(demo_config)
+    bad["datasets"]["toy_jets"]["jets"].update(jets)
+    with pytest.raises(VoxjetError, match=match):
+        check_config(bad, SCHEMA)
+
+
+def test_truth_inputs_opt_in_covers_truth_branches_but_never_labels(demo_config):
+    ok = copy.deepcopy(demo_config)
+    ok["datasets"]["toy_jets"]["jets"].update(
+        jet_features=["jet_pt", "aux_genpart_pt"], truth_inputs=["aux_genpart_pt"]
+    )
+    check_config(ok, SCHEMA)
+    bad = copy.deepcopy(demo_config)
+    bad["datasets"]["toy_jets"]["jets"].update(
+        jet_features=["jet_pt", "label_QCD"], truth_inputs=["label_QCD"]
+    )
+    with pytest.raises(VoxjetError, match=r"the input 'label_QCD' reads \['label_QCD'\]"):
+        check_config(bad, SCHEMA)
+    # weaver's spelling of the functions is the same language
+    weaver = copy.deepcopy(demo_config)
+    weaver["datasets"]["toy_jets"]["jets"]["new_variables"] = {
+        "part_pt": "np.hypot(part_px, part_py)",
+        "part_mask": "ak.ones_like(part_deta)",
+    }
+    check_config(weaver, SCHEMA)

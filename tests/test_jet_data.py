@@ -66,11 +66,17 @@ def test_variable_cycles_are_refused():
 
 
 def test_three_label_forms():
-    a = ak.Array({"label_QCD": [1, 0, 0], "label_Top": [0.0, 1.0, 0.0], "cls": [1, 0, 7]})
-    assert jet_labels(a, ["label_QCD", "label_Top"], "f.root").tolist() == [0, 1, -1]
-    assert jet_labels(a, {"branch": "cls", "classes": ["q", "t"]}, "f.root").tolist() == [1, 0, -1]
+    a = ak.Array(
+        {"label_QCD": [1, 0, 0, 1], "label_Top": [0.0, 1.0, 0.0, 1.0], "cls": [1, 0, 7, 0]}
+    )
+    labels, bad = jet_labels(a, ["label_QCD", "label_Top"], "f.root")
+    assert labels.tolist() == [0, 1, -1, -1]  # none set, and two set: no class
+    assert bad["none"].tolist() == [False, False, True, False]
+    assert bad["several"].tolist() == [False, False, False, True]
+    labels, bad = jet_labels(a, {"branch": "cls", "classes": ["q", "t"]}, "f.root")
+    assert labels.tolist() == [1, 0, -1, 0] and bad["out_of_range"].tolist() == [0, 0, 1, 0]
     by_file = {"by_file": {"qcd": "qcd_*.root", "top": "top_*.root"}}
-    assert jet_labels(a, by_file, "top_003.root").tolist() == [1, 1, 1]
+    assert jet_labels(a, by_file, "top_003.root")[0].tolist() == [1, 1, 1, 1]
     with pytest.raises(VoxjetError, match="matches 0 of the jets.labels.by_file patterns"):
         jet_labels(a, by_file, "w_000.root")
 
@@ -124,6 +130,7 @@ def test_real_root_files_stage_and_shard(tmp_path):
         sort_by="Jet_pt",
         selection="nJet >= 1",
         labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
+        bad_labels="drop",  # events with 3+ muons are none of these classes: left out, counted
         max_particles=10,
         val_fraction=0.2,
         test_fraction=0.2,
@@ -135,6 +142,7 @@ def test_real_root_files_stage_and_shard(tmp_path):
     got = [sum(index["splits"][s]["class_counts"][c] for s in index["splits"]) for c in
            ("0mu", "1mu", "2mu")]  # fmt: skip
     assert got == want.tolist()
+    assert index["dropped_labels"] == {"out_of_range": int(((n_mu >= 3) & (n_jet >= 1)).sum())}
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +155,8 @@ def toy_files(tmp_path_factory):
 def _dataset(toy_files, tmp_path, damage=None):
     src = tmp_path / "src"
     shutil.copytree(toy_files, src)
+    # a second Wqq file: the class keeps jets when the damaged one is skipped
+    shutil.copy(src / "Wqq_000.root", src / "Wqq_001.root")
     if damage:
         damage(src)
     stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"], retries=0)
@@ -216,8 +226,13 @@ def test_bad_files_fail_naming_file_tree_and_branch_or_are_skipped(
     assert not (tmp_path / "shards").exists()  # never a partial shard
     index = shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg, on_bad_file="skip"))
     assert [s["file"] for s in index["skipped"]] == ["Wqq_000.root"]
-    assert index["splits"]["train"]["class_counts"]["Wqq"] == 0
-    assert sum(index["splits"]["train"]["class_counts"].values()) > 0
+    assert index["splits"]["train"]["class_counts"]["Wqq"] > 0  # from Wqq_001.root
+    # a class that loses every file is named, with the files skipped, even under skip
+    (tmp_path / "staged" / "Wqq_001.root").write_bytes(b"gone" * 100)
+    shutil.rmtree(tmp_path / "shards")
+    with pytest.raises(VoxjetError, match=r"classes \['Wqq'\] have no jets at all; skipped "
+                       r"files: \['Wqq_000.root', 'Wqq_001.root'\]"):  # fmt: skip
+        shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg, on_bad_file="skip"))
 
 
 def test_a_branch_missing_or_a_selection_that_keeps_nothing_names_it(toy_files, tmp_path):
@@ -397,3 +412,105 @@ def test_a_split_loads_from_a_url_as_from_the_folder_and_a_wrong_url_names_it(ma
     assert torch.equal(local.labels, far.labels)
     with pytest.raises(VoxjetError, match=r"latency:///nowhere/index.json: not found"):
         load_split("latency:///nowhere", "test", opts)
+
+
+def _relabel(src, entries, both: bool) -> None:
+    """Hbb_000.root with some jets given a second label (Tbqq) or none at all."""
+    with uproot.open(src / "Hbb_000.root") as f:
+        arrays = f["tree"].arrays(library="ak")
+    fields = {k: arrays[k] for k in arrays.fields}
+    for name, value in (("label_Tbqq", 1), ("label_Hbb", 0)):
+        if (name == "label_Tbqq") == both:
+            col = ak.to_numpy(fields[name]).copy()
+            col[entries] = value
+            fields[name] = col
+    with uproot.recreate(src / "Hbb_000.root") as f:
+        f.mktree("tree", {k: v.type if isinstance(v, ak.Array) else v.dtype
+                          for k, v in fields.items()}).extend(fields)  # fmt: skip
+
+
+@pytest.mark.parametrize("both,what", [(True, "more than one label set"),
+                                       (False, "no label set")])  # fmt: skip
+def test_jets_with_two_labels_or_none_fail_naming_entries_or_are_dropped_and_counted(
+    toy_files, tmp_path, both, what
+):
+    """A top jet that also carries the Hbb label is not quietly made Hbb by an arg-max."""
+    manifest = _dataset(toy_files, tmp_path, lambda src: _relabel(src, [3, 17, 40], both))
+    cfg = dict(max_particles=16, jets_per_shard=500, jet_features=["jet_pt"])
+    want = (
+        rf"Hbb_000\.root, tree 'tree', entries 0-150: 3 jets with {what} \(entries \[3, 17, 40\]\)"
+    )
+    with pytest.raises(VoxjetError, match=want + ".*jets.bad_labels: drop"):
+        shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg))
+    index = shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg, bad_labels="drop"))
+    assert index["dropped_labels"] == {"several" if both else "none": 3}
+    total = sum(index["splits"][s]["class_counts"]["Hbb"] for s in index["splits"])
+    assert total == 150 - 3
+
+
+def test_an_empty_file_is_named_as_empty(toy_files, tmp_path):
+    def empty(src):
+        with uproot.open(src / "Hbb_000.root") as f:
+            arrays = f["tree"].arrays(library="ak", entry_stop=0)
+        with uproot.recreate(src / "Hbb_001.root") as f:
+            f.mktree("tree", {k: arrays[k].type for k in arrays.fields}).extend(
+                {k: arrays[k] for k in arrays.fields}
+            )
+
+    manifest = _dataset(toy_files, tmp_path, empty)
+    cfg = dict(max_particles=16, jets_per_shard=500, jet_features=["jet_pt"])
+    with pytest.raises(VoxjetError, match=r"Hbb_001\.root: tree 'tree' has 0 entries"):
+        shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg))
+    index = shard_jets(manifest, tmp_path / "shards", JetDataConfig(**cfg, on_bad_file="skip"))
+    assert [s["file"] for s in index["skipped"]] == ["Hbb_001.root"]
+
+
+def test_predefined_splits_take_whole_files_as_jetclass_ships_them(toy_files, tmp_path):
+    """train_100M/, val_5M/, test_20M/ as JetClass ships them: every jet of a file goes to its
+    folder's split, none by hash; a file in no split stops the job, naming it."""
+    src = tmp_path / "JetClass"
+    layout = {
+        "train_100M": ["Hbb_000", "QCD_000", "Tbqq_000", "Wqq_000"],
+        "val_5M": ["Hbb_000", "QCD_000"],
+        "test_20M": ["Tbqq_000"],
+    }
+    for folder, files in layout.items():
+        (src / folder).mkdir(parents=True)
+        for f in files:
+            shutil.copy(toy_files / f"{f}.root", src / folder / f"{f}.root")
+    stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"])
+    splits = {"train": "train_100M/*", "val": "val_5M/*", "test": ["test_20M/*.root"]}
+    cfg = dict(max_particles=16, jets_per_shard=500, jet_features=["jet_pt"], split_files=splits)
+    index = shard_jets(tmp_path / "m.json", tmp_path / "shards", JetDataConfig(**cfg))
+    counts = {s: index["splits"][s]["class_counts"] for s in ("train", "val", "test")}
+    assert counts["train"] == {"QCD": 150, "Hbb": 150, "Wqq": 150, "Tbqq": 150}
+    assert counts["val"] == {"QCD": 150, "Hbb": 150, "Wqq": 0, "Tbqq": 0}
+    assert counts["test"] == {"QCD": 0, "Hbb": 0, "Wqq": 0, "Tbqq": 150}
+    del splits["val"]
+    with pytest.raises(
+        VoxjetError, match=r"val_5M/Hbb_000.root: matches none of the jets.split_files"
+    ):
+        shard_jets(tmp_path / "m.json", tmp_path / "s2", JetDataConfig(**cfg))
+
+
+@pytest.mark.parametrize("damage,why", [(_not_root, "not a readable ROOT file"),
+                                        (_other_tree, "no tree named 'tree'")])  # fmt: skip
+def test_skip_covers_files_the_stage_finds_unreadable(toy_files, tmp_path, damage, why):
+    """The stage job reads each ROOT file's entry count: with on_bad_file: skip a file it cannot
+    read is staged marked unreadable, and the shard job skips it with that reason."""
+    src = tmp_path / "src"
+    shutil.copytree(toy_files, src)
+    shutil.copy(src / "Wqq_000.root", src / "Wqq_001.root")
+    damage(src)
+    with pytest.raises(VoxjetError, match=rf"Wqq_000\.root: {why}"):
+        stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"],
+              tree="tree", retries=0)  # fmt: skip
+    m = stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"],
+              tree="tree", retries=0, on_bad_file="skip")  # fmt: skip
+    bad = [f for f in m["files"] if "unreadable" in f]
+    assert [f["path"] for f in bad] == ["Wqq_000.root"] and why in bad[0]["unreadable"]
+    cfg = JetDataConfig(max_particles=16, jets_per_shard=500, jet_features=["jet_pt"],
+                        on_bad_file="skip")  # fmt: skip
+    index = shard_jets(tmp_path / "m.json", tmp_path / "shards", cfg)
+    assert [s["file"] for s in index["skipped"]] == ["Wqq_000.root"]
+    assert why in index["skipped"][0]["reason"]

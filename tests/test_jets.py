@@ -103,7 +103,7 @@ def test_labels_from_mixed_type_onehot():
             "label_B": np.array([False, True, False]),
         }
     )
-    assert labels_from_onehot(arrays, ["label_A", "label_B"]).tolist() == [0, 1, -1]
+    assert labels_from_onehot(arrays, ["label_A", "label_B"])[0].tolist() == [0, 1, -1]
 
 
 def test_shards_split_shuffle_and_index(toy_root, tmp_path):
@@ -194,13 +194,28 @@ def test_auc_and_rejection():
     assert eff_s[-1] == 1 and eff_b[-1] == 1 and (np.diff(eff_s) >= 0).all()
 
 
-def test_jet_metrics_per_class_against_qcd():
+def test_jet_metrics_per_class_against_the_background():
     labels = np.array([0, 0, 1, 1, 2, 2])
     probs = np.eye(3)[labels] * 0.9 + 0.1 / 3
     m = jet_metrics(probs, labels, ["QCD", "Wqq", "Tbqq"])
-    assert m["accuracy"] == 1.0 and m["auc_macro"] == 1.0
+    assert m["accuracy"] == 1.0 and m["auc_macro"] == 1.0 and m["background"] == "QCD"
     assert set(m["vs_QCD"]) == {"Wqq", "Tbqq"} and m["vs_QCD"]["Wqq"]["auc"] == 1.0
-    assert m["vs_QCD"]["Wqq"]["rej50"] == 2  # no background passes: bounded by N_B
+    # no background passes: N_B bounds the rejection from below, flagged and not averaged
+    assert m["vs_QCD"]["Wqq"]["rej50"] == 2 and m["vs_QCD"]["Wqq"]["rej50_lower_bound"]
+    assert np.isnan(m["rej50_mean"]) and m["rej50_lower_bounds"] == ["Tbqq", "Wqq"]
+    # any class list, any background (the HZZ example's signal/background)
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, 4000)
+    p1 = 1 / (1 + np.exp(-(2 * y - 1) * 1.5 - rng.normal(0, 1, 4000)))
+    probs = np.stack([p1, 1 - p1], 1)
+    m = jet_metrics(probs, y, ["background", "signal"])
+    assert set(m["vs_background"]) == {"signal"} and m["background"] == "background"
+    assert m["vs_background"]["signal"]["rej50_lower_bound"] is False
+    assert m["rej50_mean"] == m["vs_background"]["signal"]["rej50"] > 1
+    m = jet_metrics(probs[:, ::-1], y, ["signal", "background"], background="background")
+    assert set(m["vs_background"]) == {"signal"}
+    with pytest.raises(VoxjetError, match="jets.background: 'QCD' is none of the classes"):
+        jet_metrics(probs, y, ["signal", "background"], background="QCD")
 
 
 NAMES = JetDataConfig().particle_features
@@ -314,3 +329,28 @@ def test_pythia_demo_falls_back_to_the_toy_generator_where_pythia_is_missing(
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["QCD_000.root", "Wqq_000.root"]
     with uproot.open(tmp_path / "raw" / "Wqq_000.root") as f:
         assert f["tree"].num_entries == 50
+
+
+def test_hep_figures_for_any_class_list_leave_the_global_style_alone(tmp_path):
+    """Score distributions, ROC in pT bins and mass sculpting (mplhep style) for the HZZ
+    example's classes; the style applies to these figures only."""
+    import matplotlib
+
+    from voxjet.report import hep_figures
+    from voxjet.report.figures import pyplot
+
+    pyplot()  # the headless backend every voxjet figure selects, before the style is compared
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 3000)
+    s = 1 / (1 + np.exp(-(2 * labels - 1) * 1.2 - rng.normal(0, 1, 3000)))
+    probs = np.stack([s, 1 - s], 1)
+    pt = rng.uniform(300, 1000, 3000)
+    mass = np.where(labels == 0, rng.normal(125, 10, 3000), rng.exponential(40, 3000))
+    before = dict(matplotlib.rcParams)
+    classes, bkg = ["signal", "background"], "background"
+    hep_figures.score_distributions(tmp_path / "scores.png", probs, labels, classes, bkg)
+    hep_figures.roc_in_pt_bins(tmp_path / "roc_pt.png", probs, labels, classes, bkg, pt)
+    hep_figures.mass_sculpting(tmp_path / "mass.png", probs, labels, classes, bkg, mass)
+    for name in ("scores.png", "roc_pt.png", "mass.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    assert dict(matplotlib.rcParams) == before

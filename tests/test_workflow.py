@@ -110,10 +110,11 @@ def test_missing_dataset_path_fails_at_dry_run_with_the_path(workflow_dir, tmp_p
 
 
 def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
-    jetclass = tmp_path / "JetClass" / "Pythia" / "train_100M"
-    jetclass.mkdir(parents=True)
-    for c in ("HToBB", "ZJetsToNuNu"):
-        (jetclass / f"{c}_000.root").write_bytes(b"")
+    jetclass = tmp_path / "JetClass" / "Pythia"  # the published train/val/test folders
+    for split in ("train_100M", "val_5M", "test_20M"):
+        (jetclass / split).mkdir(parents=True)
+        for c in ("HToBB", "ZJetsToNuNu"):
+            (jetclass / split / f"{c}_000.root").write_bytes(b"")
     spleen = tmp_path / "Task09_Spleen"  # the MSD layout (the cases are read at the dry run)
     training = []
     for sub in ("imagesTr", "labelsTr"):

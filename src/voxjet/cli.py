@@ -63,6 +63,7 @@ def _stage(a: argparse.Namespace) -> None:
         workers=a.workers,
         retries=a.retries,
         file_list=a.file_list,
+        on_bad_file=a.on_bad_file,
     )
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
@@ -217,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pattern", nargs="+", default=["*"])
     s.add_argument("--checksums", default=None, help="JSON {relative path: checksum} to verify")
     s.add_argument("--tree", default=None, help="ROOT tree whose entries the manifest records")
+    s.add_argument(
+        "--on-bad-file",
+        choices=["fail", "skip"],
+        default="fail",
+        help="a ROOT file without the tree or unreadable: stop, or stage it marked unreadable",
+    )
     s.add_argument("--workers", type=int, default=4)
     s.add_argument("--retries", type=int, default=3)
     s.set_defaults(func=_stage)

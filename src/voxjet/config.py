@@ -87,6 +87,11 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
     for name, ds in config.get("datasets", {}).items():
         _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
+    for name, ds in _filled(config, schema_path).get("datasets", {}).items():
+        if ds.get("domain") == "jets" and "jets" in ds:
+            from voxjet.jets.leakage import check_inputs
+
+            check_inputs(ds["jets"], f"datasets.{name}.jets")
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
             raise VoxjetError(
@@ -127,10 +132,16 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
 def with_defaults(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
     """A copy of `config` checked and with the schema's defaults filled in, as Snakemake's
     validate() fills them (for code that reads a config outside the workflow)."""
+
+    check_config(config, schema_path)
+    return _filled(config, schema_path)
+
+
+def _filled(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
+    """A copy of a valid `config` with the schema's defaults filled in."""
     import jsonschema
     import yaml
 
-    check_config(config, schema_path)
     schema = yaml.safe_load(Path(schema_path).read_text())
     base = jsonschema.Draft202012Validator
 

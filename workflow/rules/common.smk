@@ -190,7 +190,7 @@ def stage_options(wildcards):
     if ds["source"].get("checksums"):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":
-        opts += ["--tree", ds["jets"]["tree"]]
+        opts += ["--tree", ds["jets"]["tree"], "--on-bad-file", ds["jets"]["on_bad_file"]]
     return " ".join(f"'{o}'" for o in opts)
 
 

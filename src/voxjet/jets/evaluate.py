@@ -136,6 +136,8 @@ def score_share(
                 col, (edges, table) = mass
                 cols["baseline_probs"] = mass_probabilities(c["jets"][:, col], edges, table)
                 cols["jet_sdmass"] = c["jets"][:, col].astype(np.float32)
+            if "jet_pt" in index["jet_features"]:  # for the ROC in pT bins
+                cols["jet_pt"] = c["jets"][:, index["jet_features"].index("jet_pt")]
             _append(f, cols)
         f.attrs["rows"] = [lo, hi]
     return hi - lo
@@ -194,21 +196,32 @@ def evaluate(
 
 def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -> dict:
     classes = index["classes"]
+    background = index.get("background") or classes[0]
     with h5py.File(path, "r") as f:
         labels = f["labels"][...]
         probs = f["probs"][...]
         base = f["baseline_probs"][...] if "baseline_probs" in f else None
-    metrics = jet_metrics(probs, labels, classes)
+        jet_pt = f["jet_pt"][...].astype(np.float64) if "jet_pt" in f else None
+        jet_mass = f["jet_sdmass"][...].astype(np.float64) if "jet_sdmass" in f else None
+    metrics = jet_metrics(probs, labels, classes, background)
     metrics.update(
         {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
     )
     if base is not None:
-        bm = jet_metrics(base, labels, classes)
+        bm = jet_metrics(base, labels, classes, background)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
-    roc_overlay(
-        out / "roc.png", "ROC curves on the test split", {"this model": (probs, labels, classes)}
-    )
+    roc_overlay(out / "roc.png", "ROC curves on the test split",
+                {"this model": (probs, labels, classes)}, background)  # fmt: skip
     _plot_confusion(out / "confusion.png", probs, labels, classes)
+    from voxjet.report import hep_figures
+
+    hep_figures.score_distributions(out / "scores.png", probs, labels, classes, background)
+    if jet_pt is not None:
+        hep_figures.roc_in_pt_bins(out / "roc_pt_bins.png", probs, labels, classes, background,
+                                   jet_pt)  # fmt: skip
+    if jet_mass is not None:
+        hep_figures.mass_sculpting(out / "mass_sculpting.png", probs, labels, classes,
+                                   background, jet_mass)  # fmt: skip
     write_json(out / "metrics.json", metrics)
     print(f"test accuracy {metrics['accuracy']:.4f}, macro AUC {metrics['auc_macro']:.4f}",
           file=sys.stderr)  # fmt: skip

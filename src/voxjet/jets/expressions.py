@@ -1,10 +1,12 @@
 """A small, safe expression language for new variables and selections over ROOT branches.
 
 `hypot(part_px, part_py)`, `log(part_pt / jet_pt)`, `(jet_pt > 500) & (abs(jet_eta) < 2)`:
-numbers, names (branches or other variables), + - * / ** %, comparisons, & | ~ (and/or/not
-also work), and the functions below. The text is parsed with Python's `ast` and walked node
-by node: nothing is ever passed to `eval`, and any other construct (attributes, subscripts,
-lambdas, comprehensions, unknown functions) is refused with the expression in the message.
+numbers, names (branches or other variables), + - * / ** (a numeric exponent) %, comparisons,
+& | ~ (and/or/not also work), and the functions below, also under the module names weaver's
+data configs use (`np.log`, `ak.ones_like`, `math.sqrt`). The text is parsed with Python's
+`ast` and walked node by node: nothing is ever passed to `eval`, and any other construct
+(attributes, subscripts, lambdas, comprehensions, unknown functions) is refused with the
+expression in the message.
 Values are awkward or numpy arrays, so jagged (per-particle) and flat (per-jet) columns mix
 with the usual broadcasting.
 """
@@ -42,6 +44,10 @@ FUNCTIONS: dict[str, Callable] = {
     "minimum": np.minimum,
     "maximum": np.maximum,
     "where": np.where,
+    "log1p": np.log1p,
+    "clip": np.clip,
+    "ones_like": np.ones_like,
+    "zeros_like": np.zeros_like,
 }
 
 _BINARY = {
@@ -64,16 +70,28 @@ _COMPARE = {
 }
 
 
+# Limits that keep any expression cheap to check and to evaluate: a power's exponent is a
+# number no larger than MAX_EXPONENT (so `9**9**9` or `2**x` cannot build a huge integer or
+# overflow silently), and the text and its nesting stay short.
+MAX_EXPONENT = 64
+MAX_LENGTH = 2000
+MAX_DEPTH = 40
+
+
 class Expression:
     """A parsed expression: its names, and evaluation over a mapping of arrays."""
 
     def __init__(self, text: str, where: str = "expression") -> None:
         self.text = str(text)
         self.where = where
+        if len(self.text) > MAX_LENGTH:
+            raise VoxjetError(f"{where}: an expression of {len(self.text)} characters; at most "
+                              f"{MAX_LENGTH} (split it into several new_variables)")  # fmt: skip
         try:
             self.tree = ast.parse(self.text.strip(), mode="eval").body
-        except SyntaxError as e:
-            raise VoxjetError(f"{where}: cannot parse {self.text!r} ({e.msg})") from e
+        except (SyntaxError, RecursionError, MemoryError) as e:
+            why = e.msg if isinstance(e, SyntaxError) else "nested too deeply"
+            raise VoxjetError(f"{where}: cannot parse {self.text!r} ({why})") from e
         self.names = sorted(self._check(self.tree))
 
     def _fail(self, node: ast.AST, why: str) -> VoxjetError:
@@ -82,8 +100,21 @@ class Expression:
             f"names, + - * / ** %, comparisons, & | ~ and the functions {sorted(FUNCTIONS)}"
         )
 
-    def _check(self, node: ast.AST) -> set[str]:
+    def _check(self, node: ast.AST, depth: int = 0) -> set[str]:
         """Refuse anything outside the language; return the variable names used."""
+        if depth > MAX_DEPTH:
+            raise self._fail(node, f"nesting deeper than {MAX_DEPTH} levels")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exponent = _number(node.right)
+            if exponent is None or abs(exponent) > MAX_EXPONENT:
+                raise self._fail(
+                    node, f"the exponent {ast.unparse(node.right)!r} (a power's exponent must be "
+                    f"a number of at most {MAX_EXPONENT} in size; use exp/log for the rest)"
+                )  # fmt: skip
+            return self._check(node.left, depth + 1)
+        return self._check_node(node, depth + 1)
+
+    def _check_node(self, node: ast.AST, depth: int) -> set[str]:
         if isinstance(node, ast.Constant):
             if isinstance(node.value, bool) or not isinstance(node.value, int | float):
                 raise self._fail(node, f"the constant {node.value!r} is not a number")
@@ -93,22 +124,26 @@ class Expression:
                 raise self._fail(node, f"{node.id} is a function, call it")
             return {node.id}
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            return self._check(node.left) | self._check(node.right)
+            return self._check(node.left, depth) | self._check(node.right, depth)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd | ast.Not):
-            return self._check(node.operand)
+            return self._check(node.operand, depth)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
-            return self._check(node.operand)
+            return self._check(node.operand, depth)
         if isinstance(node, ast.BoolOp):
-            return set().union(*(self._check(v) for v in node.values))
+            return set().union(*(self._check(v, depth) for v in node.values))
         if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
-            return set().union(self._check(node.left), *(self._check(c) for c in node.comparators))
+            parts = [
+                self._check(node.left, depth),
+                *(self._check(c, depth) for c in node.comparators),
+            ]
+            return set().union(*parts)
         if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            if _function(node.func) not in FUNCTIONS:
                 name = ast.unparse(node.func)
                 raise self._fail(node, f"unknown function {name!r}")
             if node.keywords:
                 raise self._fail(node, "keyword arguments are not supported")
-            return set().union(*(self._check(a) for a in node.args))
+            return set().union(*(self._check(a, depth) for a in node.args))
         raise self._fail(node, f"{type(node).__name__} ({ast.unparse(node)!r}) is not allowed")
 
     def evaluate(self, values: Mapping[str, object]):
@@ -146,7 +181,31 @@ class Expression:
                 left = right
             return out
         assert isinstance(node, ast.Call)
-        return FUNCTIONS[node.func.id](*(self._eval(a, values) for a in node.args))
+        return FUNCTIONS[_function(node.func)](*(self._eval(a, values) for a in node.args))
+
+
+# weaver's data configs call numpy, awkward and math by their module names
+# (`np.hypot(part_px, part_py)`, `ak.ones_like(part_deta)`): the same functions here
+MODULES = ("np", "numpy", "ak", "awkward", "math")
+
+
+def _function(func: ast.AST) -> str | None:
+    """The function a call names: `log`, or `np.log` (a module prefix weaver's configs use)."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return func.attr if func.value.id in MODULES else None
+    return None
+
+
+def _number(node: ast.AST) -> float | None:
+    """The value of a numeric literal (with a sign), else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _number(node.operand)
+        return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return None if isinstance(node.value, bool) else float(node.value)
+    return None
 
 
 class Variables:

@@ -9,37 +9,9 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.expressions import Variables
+from voxjet.jets.variables import BUILTIN_VARIABLES, SELECTION, variables  # noqa: F401
 
 Arrays = ak.Array
-
-
-# ParT's inputs (Qu, Li, Qian 2022) from JetClass branches, as expressions (see
-# voxjet.jets.expressions); a config's `new_variables` add to and override these.
-BUILTIN_VARIABLES: dict[str, str] = {
-    "part_pt": "hypot(part_px, part_py)",
-    "part_pt_log": "log(part_pt)",
-    "part_e_log": "log(part_energy)",
-    "part_logptrel": "log(part_pt / jet_pt)",
-    "part_logerel": "log(part_energy / jet_energy)",
-    "part_deltaR": "hypot(part_deta, part_dphi)",
-    "part_d0": "tanh(part_d0val)",
-    "part_dz": "tanh(part_dzval)",
-    "jet_tau21": "jet_tau2 / maximum(jet_tau1, 1e-8)",
-    "jet_tau32": "jet_tau3 / maximum(jet_tau2, 1e-8)",
-}
-
-
-def variables(
-    new_variables: dict[str, str] | None = None, selection: str | None = None
-) -> Variables:
-    """The built-in variables, the config's new ones on top, and the selection (if any)."""
-    defs = {**BUILTIN_VARIABLES, **(new_variables or {})}
-    if selection:
-        defs[SELECTION] = selection
-    return Variables(defs)
-
-
-SELECTION = "__selection__"
 
 
 def branches_needed(
@@ -146,9 +118,11 @@ def _order(key, counts: np.ndarray) -> np.ndarray | None:
     return local + np.repeat(starts, counts)
 
 
-def labels_from_onehot(arrays: Arrays, label_branches: list[str]) -> np.ndarray:
-    """Class index from one-hot label branches of mixed types; -1 where none is set."""
+def labels_from_onehot(arrays: Arrays, label_branches: list[str]) -> tuple[np.ndarray, dict]:
+    """(class index from one-hot label branches of mixed types, -1 unless exactly one is
+    set; {"none": mask, "several": mask} of the jets with no label or more than one)."""
     onehot = np.stack([ak.to_numpy(arrays[b]).astype(np.float32) for b in label_branches], axis=1)
+    hits = (onehot > 0).sum(1)
     labels = onehot.argmax(1).astype(np.int64)
-    labels[onehot.max(1) <= 0] = -1
-    return labels
+    labels[hits != 1] = -1
+    return labels, {"none": hits == 0, "several": hits > 1}

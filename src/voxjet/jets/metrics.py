@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import rankdata
 
+from voxjet.errors import VoxjetError
+
 
 def roc_auc(scores: np.ndarray, is_signal: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U with ties counted half)."""
@@ -28,17 +30,23 @@ def roc_curve(scores: np.ndarray, is_signal: np.ndarray) -> tuple[np.ndarray, np
 
 def rejection_at(scores: np.ndarray, is_signal: np.ndarray, signal_eff: float) -> float:
     """Background rejection 1/eps_B at the threshold keeping `signal_eff` of the signal
-    (N_B, a lower bound, when no background passes)."""
+    (N_B, only a lower bound, when no background passes: see rejection_with_bound)."""
+    return rejection_with_bound(scores, is_signal, signal_eff)[0]
+
+
+def rejection_with_bound(
+    scores: np.ndarray, is_signal: np.ndarray, signal_eff: float
+) -> tuple[float, bool]:
+    """(1/eps_B, whether it is only a lower bound): with no background jet passing the cut,
+    eps_B < 1/N_B, so N_B bounds the rejection from below and is no measurement of it."""
     is_signal = np.asarray(is_signal, bool)
     sig = np.sort(np.asarray(scores)[is_signal])
-    if len(sig) == 0:
-        return float("nan")
-    cut = sig[int(np.floor((1 - signal_eff) * (len(sig) - 1)))]
     bkg = np.asarray(scores)[~is_signal]
-    if len(bkg) == 0:
-        return float("nan")
-    # No background passing means eps_B < 1/N_B: report that bound rather than infinity.
-    return len(bkg) / max(1, int((bkg >= cut).sum()))
+    if len(sig) == 0 or len(bkg) == 0:
+        return float("nan"), False
+    cut = sig[int(np.floor((1 - signal_eff) * (len(sig) - 1)))]
+    passed = int((bkg >= cut).sum())
+    return len(bkg) / max(1, passed), passed == 0
 
 
 def signal_vs_background(
@@ -55,27 +63,35 @@ def signal_vs_background(
 
 
 def jet_metrics(
-    probs: np.ndarray, labels: np.ndarray, classes: list[str], background: str = "QCD"
+    probs: np.ndarray, labels: np.ndarray, classes: list[str], background: str | None = None
 ) -> dict:
-    """Accuracy, macro one-vs-rest AUC, and per signal class vs background: AUC and 1/eps_B."""
+    """Accuracy, macro one-vs-rest AUC, and per signal class vs the background class (default
+    the first): AUC and 1/eps_B at 50% and 30% signal efficiency, each with a flag when it is
+    only a lower bound; `rej50_mean` averages the measured values only."""
     labels = np.asarray(labels)
+    background = background or classes[0]
+    if background not in classes:
+        raise VoxjetError(f"jets.background: {background!r} is none of the classes {classes}")
     out: dict = {"accuracy": float((probs.argmax(1) == labels).mean()), "n_jets": int(len(labels))}
     aucs = [roc_auc(probs[:, i], labels == i) for i in range(len(classes))]
-    out["auc_macro"] = float(np.nanmean(aucs))
+    out["auc_macro"] = float(np.nanmean(aucs)) if np.isfinite(aucs).any() else float("nan")
     out["auc_ovr"] = dict(zip(classes, aucs, strict=True))
-    if background in classes:
-        b = classes.index(background)
-        per = {}
-        for i, c in enumerate(classes):
-            if i == b:
-                continue
-            score, sig = signal_vs_background(probs, labels, i, b)
-            per[c] = {
-                "auc": roc_auc(score, sig),
-                "rej50": rejection_at(score, sig, 0.5),
-                "rej30": rejection_at(score, sig, 0.3),
-            }
-        out["vs_" + background] = per
-        rej = [v["rej50"] for v in per.values() if np.isfinite(v["rej50"])]
-        out["rej50_mean"] = float(np.mean(rej)) if rej else float("nan")
+    b = classes.index(background)
+    per = {}
+    for i, c in enumerate(classes):
+        if i == b:
+            continue
+        score, sig = signal_vs_background(probs, labels, i, b)
+        entry = {"auc": roc_auc(score, sig)}
+        for eff, key in ((0.5, "rej50"), (0.3, "rej30")):
+            value, bound = rejection_with_bound(score, sig, eff)
+            entry[key] = value
+            entry[f"{key}_lower_bound"] = bound
+        per[c] = entry
+    out["background"] = background
+    out["vs_" + background] = per
+    measured = [v["rej50"] for v in per.values()
+                if np.isfinite(v["rej50"]) and not v["rej50_lower_bound"]]  # fmt: skip
+    out["rej50_mean"] = float(np.mean(measured)) if measured else float("nan")
+    out["rej50_lower_bounds"] = sorted(c for c, v in per.items() if v["rej50_lower_bound"])
     return out

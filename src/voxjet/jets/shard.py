@@ -34,6 +34,7 @@ from voxjet.jets.features import (
     variables,
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
+from voxjet.jets.leakage import check_inputs, label_branches
 from voxjet.progress import progress
 
 # 4: each jet's source file and entry (`file`, `entry`); 3: a fletcher32 checksum a chunk;
@@ -91,6 +92,12 @@ class JetDataConfig:
     jets_per_shard: int = 10000
     shard_jobs: int = 1
     on_bad_file: str = "fail"
+    # predefined splits (JetClass ships train_100M/, val_5M/, test_20M/): {split: globs on
+    # the file's path in the dataset}; None: the hash split by val/test_fraction
+    split_files: dict[str, list[str]] | None = None
+    truth_inputs: list[str] = field(default_factory=list)
+    bad_labels: str = "fail"
+    background: str | None = None
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000
@@ -98,7 +105,21 @@ class JetDataConfig:
 
     def hash(self) -> str:
         """A short hash that changes whenever the shard contents would."""
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        content = {k: v for k, v in asdict(self).items() if k not in METRICS_ONLY}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def background_class(self) -> str:
+        """The class the others are measured against (default the first)."""
+        classes = class_names(self.labels)
+        name = self.background or classes[0]
+        if name not in classes:
+            raise VoxjetError(f"jets.background: {name!r} is none of the classes {classes}")
+        return name
+
+
+# settings that change what is reported, not what the shards hold
+METRICS_ONLY = {"background"}
 
 
 def class_names(labels: list[str] | dict) -> list[str]:
@@ -108,12 +129,6 @@ def class_names(labels: list[str] | dict) -> list[str]:
     if "branch" in labels:
         return list(labels["classes"])
     return list(labels["by_file"])
-
-
-def _label_branches(labels: list[str] | dict) -> list[str]:
-    if isinstance(labels, list):
-        return list(labels)
-    return [labels["branch"]] if "branch" in labels else []
 
 
 def _file_class(labels: dict, name: str) -> int:
@@ -126,16 +141,37 @@ def _file_class(labels: dict, name: str) -> int:
     return hits[0]
 
 
-def jet_labels(arrays, labels: list[str] | dict, file_name: str) -> np.ndarray:
-    """Class index of each jet (-1: none of the classes; such jets are dropped)."""
+def jet_labels(arrays, labels: list[str] | dict, file_name: str) -> tuple[np.ndarray, dict]:
+    """(class index of each jet, -1 where it has none; {problem: mask} of the jets whose
+    labels are not exactly one class: `none` set, `several` set, `out_of_range`)."""
     if isinstance(labels, list):
         return labels_from_onehot(arrays, labels)
     if "branch" in labels:
         raw = np.asarray(ak.to_numpy(arrays[labels["branch"]]))
         out = raw.astype(np.int64)
-        out[(raw != out) | (out < 0) | (out >= len(labels["classes"]))] = -1
-        return out
-    return np.full(len(arrays), _file_class(labels, file_name), np.int64)
+        bad = (raw != out) | (out < 0) | (out >= len(labels["classes"]))
+        out[bad] = -1
+        return out, {"out_of_range": bad}
+    return np.full(len(arrays), _file_class(labels, file_name), np.int64), {}
+
+
+def _bad_label_message(problems: dict, entries: np.ndarray, labels) -> str:
+    what = {
+        "none": "no label set",
+        "several": "more than one label set",
+        "out_of_range": "a class index outside jets.labels.classes",
+    }
+    parts = [
+        f"{int(m.sum())} jets with {what[k]} (entries {entries[m][:5].tolist()}"
+        f"{', …' if m.sum() > 5 else ''})"
+        for k, m in problems.items()
+        if m.any()
+    ]
+    return (
+        f"{'; '.join(parts)} among the label branches {label_branches(labels) or labels}: "
+        "a jet's class would be a guess. Fix the files, or set jets.bad_labels: drop to leave "
+        "such jets out (counted in index.json), e.g. when the files hold classes not listed"
+    )
 
 
 def split_of(file_name: str, entries: np.ndarray, cfg: JetDataConfig) -> np.ndarray:
@@ -155,6 +191,29 @@ def split_of(file_name: str, entries: np.ndarray, cfg: JetDataConfig) -> np.ndar
     return out
 
 
+def file_split(rel_path: str, cfg: JetDataConfig) -> int | None:
+    """The split code (0 train, 1 val, 2 test) every jet of a file takes from
+    jets.split_files, or None without predefined splits."""
+    if not cfg.split_files:
+        return None
+    hits = [
+        code
+        for code, split in enumerate(SPLITS)
+        for pattern in _as_list(cfg.split_files.get(split))
+        if fnmatch.fnmatch(rel_path, pattern) or fnmatch.fnmatch(Path(rel_path).name, pattern)
+    ]
+    if len(set(hits)) != 1:
+        raise VoxjetError(
+            f"{rel_path}: matches {'none' if not hits else 'more than one'} of the "
+            f"jets.split_files {cfg.split_files}; every file must belong to exactly one split"
+        )
+    return hits[0]
+
+
+def _as_list(v) -> list[str]:
+    return [] if v is None else [v] if isinstance(v, str) else list(v)
+
+
 class BadFile(VoxjetError):
     """A file (or entry range) that cannot be used; skipped with on_bad_file: skip."""
 
@@ -172,7 +231,7 @@ def _open_tree(path: Path, cfg: JetDataConfig):
 
 
 def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], types: dict) -> None:
-    need = branches + _label_branches(cfg.labels)
+    need = branches + label_branches(cfg.labels)
     missing = [b for b in need if b not in tree]
     if missing:
         raise BadFile(
@@ -213,11 +272,15 @@ def _read_range(
     start: int,
     stop: int,
     file_number: int = 0,
+    dropped: dict | None = None,
+    rel: str | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Chunks of features, labels, split and entry of the selected, labelled jets in
-    [start, stop) (kept as read: concatenating padded particle arrays is the costly part)."""
+    [start, stop) (kept as read: concatenating padded particle arrays is the costly part);
+    jets dropped for their labels (bad_labels: drop) are counted into `dropped`."""
     parts = []
-    need = branches + _label_branches(cfg.labels)
+    dropped = dropped if dropped is not None else {}
+    need = branches + label_branches(cfg.labels)
     try:
         for arrays in tree.iterate(
             need,
@@ -231,7 +294,16 @@ def _read_range(
             entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
             _check_finite(arrays, entries)
             keep = select(arrays, v)
-            labels = jet_labels(arrays, cfg.labels, path.name)
+            labels, problems = jet_labels(arrays, cfg.labels, path.name)
+            # judged on the selected jets only: a selection may remove the ones in question
+            sel = np.ones(len(labels), bool) if keep is None else keep
+            problems = {k: m & sel for k, m in problems.items()}
+            if any(m.any() for m in problems.values()):
+                if cfg.bad_labels != "drop":
+                    raise VoxjetError(_bad_label_message(problems, entries, cfg.labels))
+                for k, m in problems.items():
+                    if m.any():
+                        dropped[k] = dropped.get(k, 0) + int(m.sum())
             # drop unselected and unlabelled jets before any feature is computed
             keep = labels >= 0 if keep is None else keep & (labels >= 0)
             if not keep.all():
@@ -245,7 +317,12 @@ def _read_range(
             out["labels"] = labels
             out["entry"] = entries
             out["file"] = np.full(len(entries), file_number, np.int32)
-            out["split"] = split_of(path.name, entries, cfg)
+            fixed = file_split(rel, cfg) if rel is not None else None
+            out["split"] = (
+                split_of(path.name, entries, cfg)
+                if fixed is None
+                else np.full(len(entries), fixed, np.int8)
+            )
             parts.append(out)
     except VoxjetError as e:
         raise BadFile(f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: {e}") from e
@@ -300,6 +377,14 @@ def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
     }
 
 
+def _add_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            out[k] = out.get(k, 0) + int(n)
+    return out
+
+
 def _add_sums(sums: list[dict]) -> dict[str, list[float] | int]:
     return {k: (sum(s[k] for s in sums) if k.endswith("_n") else
                 np.sum([s[k] for s in sums], axis=0).tolist()) for k in sums[0]}  # fmt: skip
@@ -321,19 +406,30 @@ def shard_part(
     files = [f for f in manifest["files"] if f["path"].endswith(".root")]
     if not files:
         raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
+    check_inputs(asdict(cfg), "jets")
+    if cfg.bad_labels not in ("fail", "drop"):
+        raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
+    for f in files:  # a file in no split (or two) stops the job before any reading
+        file_split(f["path"], cfg)
     v = variables(cfg.new_variables, cfg.selection)
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
     types: dict = {}
-    chunks, skipped, per_file = [], [], {}
+    chunks, skipped, per_file, entries_per_file, dropped = [], [], {}, {}, {}
     for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
         path = root / entry["path"]
         try:
+            if "unreadable" in entry:  # found so by the stage job
+                raise BadFile(entry["unreadable"])
             f, tree = _open_tree(path, cfg)
             with f:
                 _check_branches(path, tree, cfg, branches, types)
                 n = _entries(path, tree, entry)
+                if n == 0:
+                    raise BadFile(f"{path}: tree {cfg.tree!r} has 0 entries (an empty file); "
+                                  "re-make or drop it")  # fmt: skip
                 lo, hi = n * part // parts, n * (part + 1) // parts
-                data = _read_range(path, tree, v, cfg, branches, lo, hi, number)
+                data = _read_range(path, tree, v, cfg, branches, lo, hi, number, dropped,
+                                   entry["path"])  # fmt: skip
         except BadFile as e:
             source = entry.get("source", "")
             if source and source.removeprefix("file://") != str(path):
@@ -344,6 +440,7 @@ def shard_part(
             skipped.append({"file": entry["path"], "reason": str(e)})
             continue
         per_file[entry["path"]] = int(sum(len(c["labels"]) for c in data))
+        entries_per_file[entry["path"]] = hi - lo
         chunks += data
     classes = class_names(cfg.labels)
     # each shard takes its jets straight from the chunks read: no joined copy of everything
@@ -355,6 +452,7 @@ def shard_part(
     all_labels = np.concatenate([c["labels"] for c in chunks] or none)
     order = np.random.default_rng([cfg.seed, part]).permutation(len(split_code))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
+                     "entries_per_file": entries_per_file, "dropped_labels": dropped,
                      "skipped": skipped, "splits": {},
                      "source_files": [f["path"] for f in files]}  # fmt: skip
     with atomic_path(out_dir, directory=True) as tmp:
@@ -396,10 +494,12 @@ def index_shards(
         "config_hash": cfg.hash(),
         "config": asdict(cfg),
         "classes": classes,
+        "background": cfg.background_class,
         "particle_features": cfg.particle_features,
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
         "skipped": [s for _, p in parts for s in p["skipped"]],
+        "dropped_labels": _add_counts([p.get("dropped_labels", {}) for _, p in parts]),
         # shards' `file` numbers index this list (every part reads the same manifest)
         "source_files": parts[0][1].get("source_files", []),
         "splits": {},
@@ -431,6 +531,16 @@ def index_shards(
             "shards": shards,
             "class_counts": dict(zip(classes, counts.tolist(), strict=True)),
         }
+    total = {c: sum(index["splits"][s]["class_counts"][c] for s in SPLITS) for c in classes}
+    empty = [c for c, n in total.items() if n == 0]
+    if empty:
+        gone = (
+            f"; skipped files: {[s['file'] for s in index['skipped']]}" if index["skipped"] else ""
+        )
+        raise VoxjetError(
+            f"classes {empty} have no jets at all{gone}: a tagger cannot learn or be scored on "
+            "them. Fix or add their files, or remove them from jets.labels"
+        )
     if index["splits"]["train"]["jets"] == 0:
         raise VoxjetError(
             "the training split is empty (no selected, labelled jet): check the files, "

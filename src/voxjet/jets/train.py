@@ -146,7 +146,7 @@ class JetTask:
             dist.all_gather_object(parts, mine)
         probs = np.concatenate([p for p, _ in parts])
         labels = np.concatenate([lab for _, lab in parts])
-        m = jet_metrics(probs, labels, self.index["classes"])
+        m = jet_metrics(probs, labels, self.index["classes"], self.index.get("background"))
         return {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
 
 

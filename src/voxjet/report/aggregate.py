@@ -95,9 +95,13 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
             flat[k] = _num(v)
     for c, v in metrics.get("auc_ovr", {}).items():
         flat[f"auc_{c}"] = _num(v)
-    for c, d in metrics.get("vs_QCD", {}).items():
+    background = metrics.get("background", "QCD")
+    for c, d in metrics.get(f"vs_{background}", {}).items():
         for m, v in d.items():
-            flat[f"{m}_{c}_vs_QCD"] = _num(v)
+            if not m.endswith("_lower_bound"):  # a bound is flagged below, not a value
+                flat[f"{m}_{c}_vs_{background}"] = _num(v)
+            elif v:
+                flat[f"{m.removesuffix('_lower_bound')}_{c}_vs_{background}_is_lower_bound"] = 1.0
     for k, v in metrics.get("baseline_jet_mass", {}).items():
         flat[f"baseline_jet_mass_{k}"] = _num(v)
     for c, d in metrics.get("per_class", {}).items():
@@ -201,6 +205,18 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo]) -> str:
                     + " |"
                 )
         out.append("")
+        bounds = sorted(
+            f"{r['run']}: {r['metric'].removesuffix('_is_lower_bound')}"
+            for r in rows
+            if r["dataset"] == ds and r["split"] == "test"
+            and r["metric"].endswith("_is_lower_bound") and r["value"] == 1.0
+        )  # fmt: skip
+        if bounds:
+            out += [
+                "Rejections at their bound (no background jet passed the cut: the value is "
+                "N_B, only a lower bound, and left out of rej50_mean): " + "; ".join(bounds),
+                "",
+            ]
         out += repeats_markdown([r for r in rows if r["dataset"] == ds], cols)
     return "\n".join(out)
 
@@ -288,21 +304,20 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
             if preds:
                 figures.roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
                 names.append(f"{stem}-roc.png")
-            rej = {
-                run: {
-                    c: v["rej50"]
-                    for c, v in m.get("vs_QCD", {}).items()
-                    if v.get("rej50") is not None
-                }
-                for run, m in metrics.items()
-            }
+            background = next(iter(metrics.values())).get("background", "QCD")
+            per = {run: m.get(f"vs_{background}", {}) for run, m in metrics.items()}
+            rej = {run: {c: v["rej50"] for c, v in p.items() if v.get("rej50") is not None}
+                   for run, p in per.items()}  # fmt: skip
+            bounds = {run: {c for c, v in p.items() if v.get("rej50_lower_bound")}
+                      for run, p in per.items()}  # fmt: skip
             if any(rej.values()):
                 figures.grouped_bars(
                     fig_dir / f"{stem}-rejection.png",
-                    f"{ds}: QCD rejection at 50% signal efficiency",
+                    f"{ds}: {background} rejection at 50% signal efficiency",
                     rej,
                     "1/ε_B at ε_S = 0.5",
                     log=True,
+                    lower_bounds=bounds,
                 )
                 names.append(f"{stem}-rejection.png")
             val_metric = "auc_macro"

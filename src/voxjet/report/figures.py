@@ -36,25 +36,31 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
 
 
 def roc_overlay(
-    path: Path, title: str, runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]]
+    path: Path,
+    title: str,
+    runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]],
+    background: str | None = None,
 ) -> None:
-    """One panel a signal class: rejection 1/eps_B against signal efficiency, runs overlaid."""
+    """One panel a signal class: rejection of the background class (default the first)
+    1/eps_B against signal efficiency, runs overlaid."""
     plt = pyplot()
     classes = next(iter(runs.values()))[2]
-    signals = [c for c in classes if c != "QCD"]
+    background = background or classes[0]
+    signals = [c for c in classes if c != background]
     fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
     for ax, sig in zip(axes[0], signals, strict=True):
         for run, (probs, labels, cls) in runs.items():
-            b = cls.index("QCD") if "QCD" in cls else None
-            score, is_signal = signal_vs_background(probs, labels, cls.index(sig), b)
+            score, is_signal = signal_vs_background(
+                probs, labels, cls.index(sig), cls.index(background)
+            )
             eff_s, eff_b = roc_curve(score, is_signal)
             ok = eff_b > 0
             ax.plot(eff_s[ok], 1 / eff_b[ok], label=run)
         ax.set_yscale("log")
         ax.set_xlim(0, 1)
         ax.set_xlabel(f"{sig} efficiency ε_S")
-        ax.set_ylabel("QCD rejection 1/ε_B" if "QCD" in classes else "rejection 1/ε_B")
-        ax.set_title(f"{sig} vs {'QCD' if 'QCD' in classes else 'rest'}")
+        ax.set_ylabel(f"{background} rejection 1/ε_B")
+        ax.set_title(f"{sig} vs {background}")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
@@ -67,21 +73,31 @@ def grouped_bars(
     values: Mapping[str, Mapping[str, float]],
     ylabel: str,
     log: bool = False,
+    lower_bounds: Mapping[str, set[str]] | None = None,
 ) -> None:
-    """Bars grouped by category (e.g. class), one colour a run."""
+    """Bars grouped by category (e.g. class), one colour a run; a bar in `lower_bounds`
+    (run → categories) is only a lower bound: drawn hatched with an arrow up."""
     plt = pyplot()
     runs = list(values)
     cats = sorted({c for v in values.values() for c in v})
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(cats) * max(1, len(runs)) / 2 + 2), 3.8))
     width = 0.8 / max(1, len(runs))
     x = np.arange(len(cats))
+    bounded = False
     for k, run in enumerate(runs):
-        ax.bar(
-            x + k * width - 0.4 + width / 2,
-            [values[run].get(c, np.nan) for c in cats],
-            width,
-            label=run,
-        )
+        at = x + k * width - 0.4 + width / 2
+        heights = [values[run].get(c, np.nan) for c in cats]
+        bars = ax.bar(at, heights, width, label=run)
+        for c, bar, h in zip(cats, bars, heights, strict=True):
+            if c in (lower_bounds or {}).get(run, set()):
+                bounded = True
+                bar.set_hatch("//")
+                ax.annotate("", (bar.get_x() + width / 2, h * (1.6 if log else 1.1)),
+                            (bar.get_x() + width / 2, h),
+                            arrowprops={"arrowstyle": "->", "lw": 1.2})  # fmt: skip
+    if bounded:
+        ax.bar([np.nan], [np.nan], color="white", edgecolor="black", hatch="//",
+               label="lower bound (no background passed)")  # fmt: skip
     ax.set_xticks(x, cats)
     ax.set_ylabel(ylabel)
     if log:

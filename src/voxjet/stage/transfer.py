@@ -191,9 +191,12 @@ def stage(
     retries: int = 3,
     backoff: float = 0.5,
     file_list: str | None = None,
+    on_bad_file: str = "fail",
 ) -> dict:
     """Stage `source` (or the files a `file_list` names) into `dest` and write the manifest
-    last; returns the manifest."""
+    last; returns the manifest. A ROOT file that cannot be opened or lacks the tree stops
+    staging, or with on_bad_file "skip" is staged and recorded with its reason (`unreadable`)
+    so that the shard job skips it, naming it."""
     dest = Path(dest)
     if file_list:
         files = list_from_file(file_list, patterns or ["*"])
@@ -230,7 +233,14 @@ def stage(
             "size": src.size,
             "checksum": {algorithm: digest},
         }
-        entries = _root_entries(target, tree)
+        try:
+            entries = _root_entries(target, tree)
+        except VoxjetError as e:
+            if on_bad_file != "skip":
+                raise
+            print(f"warning: {e} (staged; the shard job skips it)", file=sys.stderr)
+            record["unreadable"] = str(e)
+            return record
         if entries is not None:
             record["entries"] = entries
         return record

@@ -1,0 +1,120 @@
+"""Jet-tagging figures in the field's style (mplhep): the discriminant's distribution for signal
+and background, the ROC curve in bins of jet pT, and the soft-drop mass of the background jets
+a tagger keeps at fixed signal efficiency against all of them (mass sculpting)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from voxjet.jets.metrics import roc_curve, signal_vs_background
+from voxjet.report.figures import pyplot, save_figure
+
+
+@contextmanager
+def _style():
+    """(pyplot, mplhep) inside mplhep's ROOT-like style, for this figure only."""
+    import mplhep
+
+    plt = pyplot()
+    with plt.style.context(mplhep.style.ROOT):
+        yield plt, mplhep
+
+
+def _signals(classes: list[str], background: str) -> list[str]:
+    return [c for c in classes if c != background]
+
+
+def score_distributions(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
+                        background: str) -> None:  # fmt: skip
+    """One panel a signal class: its discriminant s / (s + b) for signal and background jets,
+    each normalised to unit area, log scale."""
+    with _style() as (plt, hep):
+        _score_distributions(plt, hep, path, probs, labels, classes, background)
+
+
+def _score_distributions(plt, hep, path, probs, labels, classes, background) -> None:
+    sigs = _signals(classes, background)
+    fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
+    edges = np.linspace(0, 1, 41)
+    for ax, sig in zip(axes[0], sigs, strict=True):
+        score, is_sig = signal_vs_background(probs, labels, classes.index(sig),
+                                             classes.index(background))  # fmt: skip
+        for mask, name in ((is_sig, sig), (~is_sig, background)):
+            if mask.any():
+                h, _ = np.histogram(score[mask], edges, density=True)
+                hep.histplot(h, edges, ax=ax, label=f"{name} ({int(mask.sum())} jets)")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{sig} vs {background} discriminant")
+        ax.set_ylabel("a.u.")
+        ax.legend(fontsize=11)
+    save_figure(fig, path)
+
+
+def roc_in_pt_bins(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
+                   background: str, jet_pt: np.ndarray, bins: int = 4) -> None:  # fmt: skip
+    """One panel a signal class: rejection against efficiency in `bins` jet-pT quantile bins
+    (equal jet counts), where each bin has signal and background jets."""
+    with _style() as (plt, _):
+        _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins)
+
+
+def _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins) -> None:
+    sigs = _signals(classes, background)
+    edges = np.unique(np.quantile(jet_pt, np.linspace(0, 1, bins + 1)))
+    fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
+    for ax, sig in zip(axes[0], sigs, strict=True):
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            inside = (jet_pt >= lo) & (jet_pt <= hi)
+            s, b = classes.index(sig), classes.index(background)
+            score, is_sig = signal_vs_background(probs[inside], labels[inside], s, b)
+            if is_sig.all() or not is_sig.any():
+                continue
+            eff_s, eff_b = roc_curve(score, is_sig)
+            ok = eff_b > 0
+            ax.plot(eff_s[ok], 1 / eff_b[ok], label=f"{lo:.0f} ≤ pT ≤ {hi:.0f} GeV")
+        ax.set_yscale("log")
+        ax.set_xlim(0, 1)
+        ax.set_xlabel(f"{sig} efficiency ε_S")
+        ax.set_ylabel(f"{background} rejection 1/ε_B")
+        ax.legend(fontsize=11)
+    save_figure(fig, path)
+
+
+def mass_sculpting(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
+                   background: str, mass: np.ndarray, signal_eff: float = 0.5) -> None:  # fmt: skip
+    """One panel a signal class: the soft-drop mass of all background jets and of those that
+    pass the cut keeping `signal_eff` of the signal, both normalised: a tagger that sculpts
+    the background into the signal's mass peak shows it here."""
+    with _style() as (plt, hep):
+        _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff)
+
+
+def _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff):
+    sigs = _signals(classes, background)
+    b = classes.index(background)
+    fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
+    edges = np.linspace(0, max(1.0, float(np.quantile(mass, 0.99))), 31)
+    for ax, sig in zip(axes[0], sigs, strict=True):
+        s = classes.index(sig)
+        sel = (labels == s) | (labels == b)
+        score, is_sig = signal_vs_background(probs, labels, s, b)
+        m = mass[sel]
+        if not is_sig.any() or is_sig.all():
+            continue
+        cut = np.quantile(score[is_sig], 1 - signal_eff)
+        passing = f"{background}, passing (ε_S = {signal_eff:g})"
+        for mask, name in (
+            (~is_sig, f"{background}, all"),
+            (~is_sig & (score >= cut), passing),
+            (is_sig, f"{sig}, all"),
+        ):
+            if mask.any():
+                h, _ = np.histogram(m[mask], edges, density=True)
+                hep.histplot(h, edges, ax=ax, label=f"{name}: {int(mask.sum())}")
+        ax.set_xlabel("soft-drop mass [GeV]")
+        ax.set_ylabel("a.u.")
+        ax.legend(fontsize=10)
+    save_figure(fig, path)

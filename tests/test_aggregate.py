@@ -238,3 +238,24 @@ def test_any_background_class_and_rejections_at_their_bound(tmp_path):
     )
     figs = {p.name for p in (tmp_path / "summary" / "figures").iterdir()}
     assert {"jets-ds_jets-roc.png", "jets-ds_jets-rejection.png"} <= figs
+
+
+def test_summary_lists_the_files_and_jets_the_shards_left_out(tmp_path):
+    """A dataset sharded with on_bad_file: skip and bad_labels: drop says so beside its runs."""
+    jets = {"accuracy": 0.8, "auc_macro": 0.9, "n_jets": 10, "data": {
+        "skipped_files": [{"file": "Wqq_000.root", "reason": "truncated ROOT file (10 bytes "
+                                                             "where its header says 20)"}],
+        "dropped_labels": {"several": 5, "none": 0}}}  # fmt: skip
+    clean = {"accuracy": 0.7, "auc_macro": 0.8, "n_jets": 10}
+    runs = [_run(tmp_path, "pfn", "jets", jets)]
+    other = _run(tmp_path, "seg", "volumes", {"dice_mean": 0.8, "hd95_mean": 2.0})
+    aggregate([*runs, other], tmp_path / "summary")
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    jets_part = md.split("## ds_jets")[1].split("## ds_volumes")[0]
+    assert "- Skipped file `Wqq_000.root`: truncated ROOT file" in jets_part
+    assert "- Jets dropped for their labels (bad_labels: drop): 5 with several classes set" in (
+        jets_part
+    )
+    assert "no class set" not in md and "left out" not in md.split("## ds_volumes")[1]
+    aggregate([_run(tmp_path / "again", "pfn", "jets", clean)], tmp_path / "s2")
+    assert "left out" not in (tmp_path / "s2" / "summary.md").read_text()

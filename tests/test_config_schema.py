@@ -72,9 +72,7 @@ FROM_PLAN = {("dynunet", "filters")}
 
 
 def test_model_defaults_are_the_constructors():
-    from voxjet.jets.models import PFN
-    from voxjet.jets.part import ParT
-    from voxjet.jets.particlenet import ParticleNet
+    from voxjet.jets.models import PFN, ParT, ParticleNet
     from voxjet.volumes.models import build_dynunet, build_unet
 
     def as_config(v):  # tuples in signatures, lists in YAML

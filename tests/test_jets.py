@@ -263,7 +263,7 @@ def test_graph_and_transformer_taggers_are_order_and_padding_invariant(name, kw)
 
 
 def test_pairwise_features_match_four_vectors():
-    from voxjet.jets.part import pairwise_features
+    from voxjet.jets.models import pairwise_features
 
     deta = torch.tensor([[0.1, -0.2]])
     dphi = torch.tensor([[0.3, 3.0]])  # crosses the ±π seam with the first after wrapping

@@ -207,6 +207,9 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -
     metrics.update(
         {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
     )
+    # what the shards left out, so the summary says it beside the numbers it shaped
+    metrics["data"] = {"skipped_files": index.get("skipped", []),
+                       "dropped_labels": index.get("dropped_labels", {})}  # fmt: skip
     if base is not None:
         bm = jet_metrics(base, labels, classes, background)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}

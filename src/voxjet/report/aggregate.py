@@ -167,8 +167,31 @@ def _fmt(v: float | None) -> str:
     return f"{v:.4g}"
 
 
-def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo]) -> str:
-    """Per dataset, the runs ranked by the domain's headline metric; the best marked ★."""
+def data_notes(runs: list[RunInfo]) -> dict[str, list[str]]:
+    """Per dataset, what its shards left out (files skipped with on_bad_file: skip, jets
+    dropped with bad_labels: drop), from the first evaluated run's metrics.json."""
+    notes: dict[str, list[str]] = {}
+    for r in runs:
+        if r.dataset in notes or not Path(r.eval_metrics).is_file():
+            continue
+        data = json.loads(Path(r.eval_metrics).read_text()).get("data") or {}
+        lines = [f"Skipped file `{s['file']}`: {s['reason']}"
+                 for s in data.get("skipped_files", [])]  # fmt: skip
+        dropped = {k: v for k, v in (data.get("dropped_labels") or {}).items() if v}
+        if dropped:
+            why = {"several": "several classes set", "none": "no class set",
+                   "out_of_range": "label out of range"}  # fmt: skip
+            lines.append("Jets dropped for their labels (bad_labels: drop): " + ", ".join(
+                f"{v} with {why.get(k, k)}" for k, v in sorted(dropped.items())))  # fmt: skip
+        notes[r.dataset] = lines
+    return notes
+
+
+def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
+                     notes: dict[str, list[str]] | None = None) -> str:  # fmt: skip
+    """Per dataset, the runs ranked by the domain's headline metric (the best marked ★), and
+    what its data left out."""
+    notes = notes or {}
     out = ["# voxjet results", ""]
     datasets = sorted(
         {(r["dataset"], r["domain"]) for r in rows} | {(m.dataset, m.domain) for m in missing}
@@ -205,6 +228,9 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo]) -> str:
                     + " |"
                 )
         out.append("")
+        if notes.get(ds):
+            out += ["Data left out of every run of this dataset:", "",
+                    *(f"- {n}" for n in notes[ds]), ""]  # fmt: skip
         bounds = sorted(
             f"{r['run']}: {r['metric'].removesuffix('_is_lower_bound')}"
             for r in rows
@@ -386,7 +412,7 @@ def aggregate(
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(rows)
-    md = summary_markdown(rows, missing)
+    md = summary_markdown(rows, missing, data_notes(runs))
     if names:
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:

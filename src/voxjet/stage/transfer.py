@@ -168,6 +168,14 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
 
     try:
         with uproot.open(path) as f:
+            # ROOT writes the directory near the end: a file cut short by a few baskets still
+            # opens and reads its tree's entry count, so the header's own length is checked
+            size, end = path.stat().st_size, int(f.file.fEND)
+            if size < end:
+                raise VoxjetError(
+                    f"{path}: truncated ROOT file ({size} bytes where its header says {end}); "
+                    "copy or produce it again"
+                )
             if tree not in f:
                 raise VoxjetError(
                     f"{path}: no tree named {tree!r} (it has {sorted(f.keys())}); "

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxjet.jets.models import Standardize, feature_indices
+from voxjet.jets.models.layers import Standardize, feature_indices
 
 _EPS = 1e-8
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxjet.jets.models import Standardize, feature_indices
+from voxjet.jets.models.layers import Standardize, feature_indices
 
 _FAR = 1e9  # padded particles are moved this far away so kNN never picks them
 

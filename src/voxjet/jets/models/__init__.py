@@ -1,0 +1,23 @@
+"""Jet taggers that read padded, masked particle clouds ([B, P, F] particles, [B, P] mask) and
+return class logits; one module a model, found by its config name in MODELS."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from voxjet.jets.models.layers import Standardize, feature_indices
+from voxjet.jets.models.part import ParT, pairwise_features
+from voxjet.jets.models.particlenet import ParticleNet
+from voxjet.jets.models.pfn import PFN
+
+MODELS: dict[str, type[nn.Module]] = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT}
+
+__all__ = ["MODELS", "PFN", "ParT", "ParticleNet", "Standardize", "build_model",
+           "feature_indices", "pairwise_features"]  # fmt: skip
+
+
+def build_model(name: str, **kwargs) -> nn.Module:
+    """A jet model by its config name (a key of MODELS), built with the model's keywords."""
+    if name not in MODELS:
+        raise ValueError(f"unknown jet model {name!r}; known: {sorted(MODELS)}")
+    return MODELS[name](**kwargs)

@@ -87,6 +87,15 @@ def test_preempted_run_resumes_to_identical_weights(shards, tmp_path, workers):
     lb = [r for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in la] == [r["step"] for r in lb]
     assert [r["loss"] for r in la][3:] == [r["loss"] for r in lb][3:]  # after the resume point
+    # the cost covers both sessions of b; on this machine nothing measures energy, and says so
+    cost_a, cost_b = (
+        next(r["cost"] for r in read_metrics(tmp_path / x / "metrics.jsonl") if "cost" in r)
+        for x in ("a", "b")
+    )
+    assert (cost_a["sessions"], cost_b["sessions"]) == (1, 2)
+    assert cost_b["device_kind"] == "cpu_core" and cost_b["device_hours"] > 0
+    assert cost_b["peak_memory_gib"] > 0.01 and 0 < cost_b["utilisation"] <= 1
+    assert cost_b["energy_kwh"] is None and "no GPU, so no NVML" in cost_b["energy_missing"]
 
 
 def test_two_process_ddp_through_torchrun(shards, tmp_path):
@@ -107,6 +116,8 @@ def test_two_process_ddp_through_torchrun(shards, tmp_path):
     losses = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in losses] == [5, 10, 15, 20]
     assert losses[-1]["loss"] < losses[0]["loss"]  # it learns with the averaged gradients
+    cost = next(r["cost"] for r in read_metrics(tmp_path / "metrics.jsonl") if "cost" in r)
+    assert cost["devices"] % 2 == 0 and cost["device_hours"] > cost["wall_h"]  # both ranks'
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(shards, tmp_path):

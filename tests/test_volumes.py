@@ -543,6 +543,14 @@ def test_short_run_segments_the_mni_brain(tmp_path):
         },  # fmt: skip
     }
     run(str(tmp_path / "cases"), run_cfg, str(tmp_path / "run"))
+    # the cost record sets the process's peak beside the planner's estimate for this network
+    # (the resident peak holds the libraries and the cases too: only its presence is checked)
+    log = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    cost = json.loads(log[-1])["cost"]
+    assert cost["memory_estimate_gib"] > 0
+    assert cost["peak_over_estimate"] == pytest.approx(
+        cost["peak_memory_gib"] / cost["memory_estimate_gib"]
+    )
     m = evaluate(str(tmp_path / "cases"), str(tmp_path / "run" / "model.pt"), str(tmp_path / "e"))
     print(f"MNI brain test Dice {m['per_class']['brain']['dice']:.3f}")
     assert m["per_class"]["brain"]["dice"] >= 0.9, m["per_class"]

@@ -68,6 +68,9 @@ class JetTask:
     def data_config(self) -> dict[str, Any]:
         return {"shards": self.index["config_hash"]}
 
+    def memory_estimate(self, model: nn.Module, gpu: bool) -> float | None:
+        return None  # jet taggers are small: nothing is planned for their memory
+
     def build_model(self) -> nn.Module:
         return build_model(**self.model_cfg)
 

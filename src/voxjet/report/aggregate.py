@@ -16,13 +16,17 @@ from voxjet.training.logger import read_metrics
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
+# what each run cost, beside what it bought (from the training log's cost record)
+COST_COLUMNS = ["device_hours", "energy_kwh", "peak_memory_gib"]
 COLUMNS = {
-    "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro"],
-    "volumes": ["dice_mean", "hd95_mean"],
+    "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro", *COST_COLUMNS],
+    "volumes": ["dice_mean", "hd95_mean", *COST_COLUMNS],
 }
 CSV_FIELDS = [
-    "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value"
+    "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value", "note"
 ]  # fmt: skip
+COST_METRICS = ["wall_h", "device_hours", "peak_memory_gib", "memory_estimate_gib",
+                "peak_over_estimate", "utilisation", "energy_kwh", "sessions"]  # fmt: skip
 
 
 @dataclass
@@ -129,6 +133,29 @@ def train_summary(lines: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def cost_summary(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's cost (the last cost record of metrics.jsonl), or None for a run without one."""
+    return next((r["cost"] for r in reversed(lines) if isinstance(r.get("cost"), dict)), None)
+
+
+def cost_values(cost: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """(value, note) a cost metric: missing ones NaN with the reason, device-hours with the
+    kind of device they count."""
+    out = {}
+    for k in COST_METRICS:
+        v = cost.get(k)
+        note = ""
+        if k == "device_hours":
+            note = "GPU-hours" if cost.get("device_kind") == "gpu" else "CPU core-hours"
+        elif k == "energy_kwh":
+            note = (f"from {cost['energy_source']}" if v is not None
+                    else f"not measured: {cost.get('energy_missing', 'no source')}")  # fmt: skip
+        elif k in ("memory_estimate_gib", "peak_over_estimate") and v is None:
+            continue
+        out[k] = (_num(v), note)
+    return out
+
+
 def _train_log(r: RunInfo) -> list[dict[str, Any]]:
     return read_metrics(r.train_metrics) if Path(r.train_metrics).is_file() else []
 
@@ -141,10 +168,14 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
             missing.append(r)
             continue
         metrics = json.loads(Path(r.eval_metrics).read_text())
-        values = {("test", k): v for k, v in flatten_eval(metrics).items()}
-        values.update({("train", k): v for k, v in train_summary(_train_log(r)).items()})
+        log = _train_log(r)
+        values = {("test", k): (v, "") for k, v in flatten_eval(metrics).items()}
+        values.update({("train", k): (v, "") for k, v in train_summary(log).items()})
+        cost = cost_summary(log)
+        if cost is not None:
+            values.update({("cost", k): vn for k, vn in cost_values(cost).items()})
         params = ";".join(f"{k}={v}" for k, v in sorted(r.params.items()))
-        for (split, metric), value in values.items():
+        for (split, metric), (value, note) in values.items():
             rows.append(
                 {
                     "dataset": r.dataset,
@@ -156,6 +187,7 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
                     "split": split,
                     "metric": metric,
                     "value": value,
+                    "note": note,
                 }
             )
     return rows, missing
@@ -201,7 +233,7 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
         cols = COLUMNS[domain]
         table: dict[str, dict[str, Any]] = {}
         for r in rows:
-            if r["dataset"] == ds and r["split"] == "test":
+            if r["dataset"] == ds and r["split"] in ("test", "cost"):
                 t = table.setdefault(
                     r["run"], {"experiment": r["experiment"], "params": r["params"]}
                 )
@@ -228,6 +260,10 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                     + " |"
                 )
         out.append("")
+        unmeasured = sorted({r["note"] for r in rows if r["dataset"] == ds and
+                             r["metric"] == "energy_kwh" and math.isnan(r["value"])})  # fmt: skip
+        for why in unmeasured:
+            out += [f"Energy {why}", ""]
         if notes.get(ds):
             out += ["Data left out of every run of this dataset:", "",
                     *(f"- {n}" for n in notes[ds]), ""]  # fmt: skip
@@ -252,7 +288,7 @@ def repeat_stats(rows: list[dict[str, Any]], metric: str) -> dict[str, dict[str,
     std (sample, n − 1), min and max over its runs' test values."""
     values: dict[str, list[float]] = {}
     for r in rows:
-        if r["split"] == "test" and r["metric"] == metric and not math.isnan(r["value"]):
+        if r["split"] in ("test", "cost") and r["metric"] == metric and not math.isnan(r["value"]):
             values.setdefault(r["group"], []).append(float(r["value"]))
     out = {}
     for g, v in values.items():

@@ -10,6 +10,7 @@ step when training alone, where that costs nothing)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections import deque
@@ -30,7 +31,7 @@ from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.lock import RunLock
 from voxjet.io.prefetch import prefetch
 from voxjet.progress import Progress
-from voxjet.training import identity
+from voxjet.training import accounting, identity
 from voxjet.training.logger import MetricsLog, StepTimer, Trackers
 from voxjet.training.schedule import multiplier
 
@@ -95,6 +96,9 @@ class Task(Protocol):
     def data_config(self) -> dict[str, Any]:
         """What, besides settings and model, decides the batches (part of the run identity)."""
 
+    def memory_estimate(self, model: nn.Module, gpu: bool) -> float | None:
+        """Bytes a training step is planned to take on one device (None: no plan says)."""
+
 
 @runtime_checkable
 class PipelineTask(Protocol):
@@ -157,6 +161,7 @@ class TrainState:
     first_bad: torch.Tensor | None = None  # the first of them, as a step (-1: none)
     step_on_device: torch.Tensor | None = None
     recent: deque = field(default_factory=deque)  # (step, provenance) of the window's batches
+    cost: dict | None = None  # what earlier sessions of the run cost (accounting.add_session)
 
 
 class Trainer:
@@ -221,6 +226,7 @@ class Trainer:
         state.loss_sum.fill_(loss_sum)
         state.loss_count = count
         state.step_on_device.fill_(state.step)
+        state.cost = saved.get("cost")
         self.log.truncate_after(state.step)
         if self.rt.is_main:
             print(f"resumed from {self.last_path} at step {state.step}", file=sys.stderr)
@@ -333,6 +339,7 @@ class Trainer:
             **timer.summary(),
         }
         rec[self.rate_key] = rec.pop("items_per_s")
+        self.meter.sample()
         self._record(rec)
         self._window(state, reset_count=True)
         timer.reset()
@@ -364,11 +371,12 @@ class Trainer:
         window = (float(state.loss_sum), state.loss_count)
         if int(state.nonfinite.item()):
             self._nonfinite(state)
-        mine = (checkpoint.rng_state(), window)
+        mine = (checkpoint.rng_state(), window, self.meter.snapshot(rt.device))
         ranks = [mine]
         if rt.distributed:
             ranks = [None] * rt.world_size
             dist.all_gather_object(ranks, mine)
+        cost = accounting.add_session(state.cost, accounting.combine_ranks([r[2] for r in ranks]))
         optimizer = state.optimizer.state_dict()
         if state.pipe is not None:
             state.pipe.sync_params(state.model)
@@ -389,6 +397,7 @@ class Trainer:
                     "settings": asdict(self.s),
                     "world_size": rt.world_size,
                     "fingerprint": self.fingerprint,
+                    "cost": cost,
                 },
             )
 
@@ -412,12 +421,19 @@ class Trainer:
         if state.pipe is not None:
             state.pipe.sync_params(state.model)
         # DDP keeps replicas identical; record each rank's digest so that is checkable
-        digests = [param_digest(state.model)]
+        mine = (param_digest(state.model), self.meter.snapshot(rt.device))
+        ranks = [mine]
         if rt.distributed:
-            digests = [None] * rt.world_size
-            dist.all_gather_object(digests, param_digest(state.model))
+            ranks = [None] * rt.world_size
+            dist.all_gather_object(ranks, mine)
+        digests = [r[0] for r in ranks]
         if not rt.is_main:
             return
+        cost = accounting.add_session(state.cost, accounting.combine_ranks([r[1] for r in ranks]))
+        estimate = None if state.pipe is not None else self.task.memory_estimate(
+            state.model, rt.device.type == "cuda")  # fmt: skip
+        # the run's cost as the log's last record, beside the numbers it bought
+        self.log.write({"step": state.step, "cost": accounting.summary(cost, estimate)})
         best = checkpoint.load(self.best_path) or {
             "model": state.model.state_dict(),
             "step": state.step,
@@ -452,6 +468,9 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         s, rt = self.s, self.rt
+        # the cost of this session, from set-up on (building and resuming count as the run's)
+        nodes = rt.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", rt.world_size)))
+        self.meter = accounting.Session.start(rt.device, rt.is_main, nodes=max(1, nodes))
         state = self.setup()
         self.resume(state)
         self.parallelise(state)

@@ -121,6 +121,13 @@ class SegTask:
     def data_config(self) -> dict[str, Any]:
         return self.data
 
+    def memory_estimate(self, model: nn.Module, gpu: bool) -> float | None:
+        from voxjet.volumes.planning import estimate_bytes
+
+        # the planner's estimate for the network trained (not the one it sized the patch for)
+        return estimate_bytes(model, self.model_cfg["in_channels"], self.plan["patch_size"],
+                              self.s.batch_size, gpu=gpu)  # fmt: skip
+
     def model_config(self) -> dict[str, Any]:
         # the plan and intensity statistics travel with the model: predict prepares new
         # images exactly as the training cases were

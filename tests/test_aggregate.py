@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from voxjet.report.aggregate import RunInfo, aggregate, flatten_eval
 
 
@@ -259,3 +261,35 @@ def test_summary_lists_the_files_and_jets_the_shards_left_out(tmp_path):
     assert "no class set" not in md and "left out" not in md.split("## ds_volumes")[1]
     aggregate([_run(tmp_path / "again", "pfn", "jets", clean)], tmp_path / "s2")
     assert "left out" not in (tmp_path / "s2" / "summary.md").read_text()
+
+
+def test_a_scaling_study_is_fitted_as_a_power_law_and_drawn(tmp_path):
+    """Throughput 1000·n^0.8 jets/s at 1, 2 and 4 processes: T(n) = 1.0·n^(−0.8) s per 1000
+    jets, efficiency n^(−0.2); the start-up and final windows are left out of the rate."""
+    runs = []
+    for n in (1, 2, 4):
+        d = tmp_path / f"pfn_scale-{n}"
+        d.mkdir()
+        rate = 1000 * n**0.8
+        lines = [{"step": 4, "loss": 1.0, "jets_per_s": rate / 10}]  # start-up: left out
+        lines += [{"step": 4 * k, "loss": 1.0, "jets_per_s": rate} for k in range(2, 10)]
+        lines += [{"step": 40, "loss": 1.0, "jets_per_s": rate / 3}]  # validation: left out
+        cost = {"energy_per_item_j": 0.5 * n} if n == 1 else {"energy_missing": "no GPU"}
+        lines += [{"step": 40, "cost": cost}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        runs.append(RunInfo("ds_jets", "jets", "pfn", d.name, str(d / "eval" / "metrics.json"),
+                            str(d / "metrics.jsonl"), {"processes": n, "nodes": 1},
+                            role="scaling"))  # fmt: skip
+    trained = _run(tmp_path, "pfn", "jets", {"accuracy": 0.8, "auc_macro": 0.9})
+    out = aggregate([trained, *runs], tmp_path / "summary")
+    assert out["missing"] == [] and "jets-ds_jets-scaling-pfn.png" in out["figures"]
+    assert (tmp_path / "summary" / "figures" / "jets-ds_jets-scaling-pfn.png").stat().st_size > 1e4
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "### Scaling of pfn: T(n) = 1·n^(−0.800) (seconds per 1000 jets)" in md
+    row4 = next(line for line in md.splitlines() if line.startswith("| pfn_scale-4 "))
+    cells = [c.strip() for c in row4.strip("|").split("|")]
+    assert cells[1] == "4" and float(cells[5]) == pytest.approx(4**0.8, rel=1e-3)
+    assert float(cells[6]) == pytest.approx(4**-0.2, rel=1e-3) and cells[7] == "–"
+    assert "| pfn_scale-1 | 1 |" in md and "Energy per jets not measured: no GPU" in md
+    rows = list(csv.DictReader(open(tmp_path / "summary" / "metrics.csv")))
+    assert {r["run"] for r in rows} == {"pfn"}  # scaling runs are timed, not ranked

@@ -81,7 +81,7 @@ def test_missing_file_list_is_reported(demo_config, tmp_path):
 
 def test_sweep_becomes_one_run_per_value(demo_config):
     runs = expand_runs(demo_config)
-    jets = sorted(r for r, v in runs.items() if v.domain == "jets")
+    jets = sorted(r for r, v in runs.items() if v.domain == "jets" and v.role == "train")
     assert jets == ["part", "particlenet", "pfn_lr-0.001", "pfn_lr-0.003"]
     assert {runs[r].config["train"]["lr"] for r in jets if r.startswith("pfn")} == {0.001, 0.003}
     assert runs["unet_lr-0.003"].params == {"train.lr": 0.003}
@@ -92,7 +92,8 @@ def test_sweep_becomes_one_run_per_value(demo_config):
 def test_two_sweep_keys_give_the_product(demo_config):
     cfg = copy.deepcopy(demo_config)
     cfg["experiments"]["pfn"]["sweep"] = {"train.lr": [1e-3, 2e-3], "model.phi_sizes": [[8], [16]]}
-    assert len([r for r in expand_runs(cfg).values() if r.experiment == "pfn"]) == 4
+    runs = expand_runs(cfg).values()
+    assert len([r for r in runs if r.experiment == "pfn" and r.role == "train"]) == 4
 
 
 def test_sweep_of_unknown_section_fails(demo_config):
@@ -209,3 +210,41 @@ def test_truth_inputs_opt_in_covers_truth_branches_but_never_labels(demo_config)
         "part_mask": "ak.ones_like(part_deta)",
     }
     check_config(weaver, SCHEMA)
+
+
+def test_a_scaling_study_is_one_short_run_a_size_on_gpus_or_cpu_processes(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["part"]["scaling"] = {"gpus": [1, 2], "nodes": [1, 2], "steps": 30}
+    cfg["experiments"]["part"]["launch"] = {"gpus": 4}
+    runs = expand_runs(cfg)
+    scale = {k: r for k, r in runs.items() if r.role == "scaling" and r.experiment == "part"}
+    assert sorted(scale) == ["part_scale-1", "part_scale-1x2", "part_scale-2", "part_scale-2x2"]
+    r = scale["part_scale-2x2"]
+    assert r.launch == {"gpus": 2, "nodes": 2} and r.params == {"processes": 4, "nodes": 2}
+    assert r.config["train"]["steps"] == 30 and r.config["train"]["eval_every"] == 30
+    assert r.config["model"] == cfg["experiments"]["part"]["model"]
+    cpu = {k: r for k, r in expand_runs(demo_config).items() if r.role == "scaling"}
+    assert {k: r.launch for k, r in cpu.items()} == {
+        "pfn_scale-1": {"cpu_processes": 1, "nodes": 1},
+        "pfn_scale-2": {"cpu_processes": 2, "nodes": 1},
+    }
+    assert "lr" not in "".join(cpu)  # the experiment's own settings, not its sweep
+
+
+@pytest.mark.parametrize(
+    "scaling,site,match",
+    [
+        ({"gpus": [0, 1]}, {},
+         r"experiments\.part\.scaling\.gpus\[0\]': 0 is less than the minimum of 1"),
+        ({"gpus": [4, 8]}, {"gpus_per_node": 4},
+         r"experiments\.part\.scaling\.gpus': 8 GPUs a node, but site\.gpus_per_node is 4"),
+        ({"gpus": [2]}, {}, r"all its sizes are \[2\] processes; a fit needs at least two"),
+    ],
+)  # fmt: skip
+def test_scaling_studies_that_cannot_run_or_fit_are_refused(demo_config, scaling, site, match):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["part"]["scaling"] = scaling
+    cfg["experiments"]["part"]["launch"] = {"gpus": 1}
+    cfg["site"] = site
+    with pytest.raises(VoxjetError, match=match):
+        check_config(cfg, "config/schema.yaml")

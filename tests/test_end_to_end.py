@@ -50,7 +50,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     tiny = workflow_dir / "my_config.yaml"
     dry = run_snakemake(workflow_dir, *README["dry-run"][1:])
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    assert job_counts(dry.stdout)["train_jets"] == 4
+    assert job_counts(dry.stdout)["train_jets"] == 6  # 4 runs and pfn's scaling study
     r = run_snakemake(workflow_dir, *README["run"][1:])  # no --cores: the default profile's
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
@@ -76,12 +76,16 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
         assert val[(run, "auc_macro")] == m["auc_macro"]
         assert 0.5 < m["baseline_jet_mass"]["auc_macro"] < 1
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
-    assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png"} <= figures
+    assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png",
+            "jets-toy_jets-scaling-pfn.png"} <= figures  # fmt: skip
+    assert "### Scaling of pfn: T(n) = " in summary and "| pfn_scale-2 | 2 |" in summary
+    assert "| device_hours | energy_kwh | peak_memory_gib |" in summary
+    assert "Energy not measured: no GPU, so no NVML" in summary
     # every rule left a log and a benchmark
-    # 23 jobs besides one preprocess_case job for each of the 7 cases
+    # 25 jobs besides one preprocess_case job for each of the 7 cases
     assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 23 + 7
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 23 + 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 25 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 25 + 7
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
@@ -135,7 +139,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
     expected = {"shard_jets", "index_jets", "train_jets", "evaluate_jets", "aggregate"}
     assert set(jobs) - {"all"} == expected, jobs
-    assert jobs["train_jets"] == 4
+    assert jobs["train_jets"] == 6
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 32  # back to what was run
     write_config(tiny, cfg)
 

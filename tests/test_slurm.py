@@ -266,6 +266,7 @@ def yaml_config(workflow_dir: Path) -> Path:
     for name in DROPPED:
         demo["experiments"].pop(name)
     demo["experiments"]["pfn"].pop("sweep")
+    demo["experiments"]["pfn"].pop("scaling")  # its jobs' submissions: the slurm dry-run test
     write_config(path, merge_config(demo, TINY))
     return path
 

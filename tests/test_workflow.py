@@ -22,7 +22,7 @@ DEMO_JOBS = {
     "plan_volumes": 1,
     "preprocess_case": 16,
     "gather_cases": 1,
-    "train_jets": 4,
+    "train_jets": 6,  # 4 runs, and pfn's scaling study at 1 and 2 processes
     "train_seg": 2,
     "evaluate_jets": 4,
     "evaluate_seg": 2,
@@ -54,10 +54,12 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp
     assert r.returncode == 0, r.stderr + r.stdout
     blocks = r.stdout.split("\nrule ")
     train = [b for b in blocks if b.startswith("train_")]
-    assert len(train) == 6
+    assert len(train) == 8
     for b in train:
         assert "slurm_partition=gpu" in b and "torchrun" not in b
-        if "run=pfn_" in b:  # the experiment given GPUs asks for them, one process each
+        if "run=pfn_scale-1" in b:  # its scaling study's sizes are GPUs now
+            assert "gpu=1" in b and "voxjet launch --gpus 1 --cpu-processes 1" in b
+        elif "run=pfn_" in b:  # the experiment given GPUs asks for them, one process each
             assert "gpu=2" in b and "voxjet launch --gpus 2 --cpu-processes 1" in b
         else:  # the demo's experiments ask for the CPU
             assert "gpu=0" in b and "voxjet launch --gpus 0" in b

@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,6 +99,25 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                 f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
             )
         _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]])
+        _check_scaling(name, exp, (config.get("site") or {}).get("gpus_per_node"))
+
+
+def _check_scaling(name: str, exp: Mapping[str, Any], gpus_per_node: int | None) -> None:
+    """A scaling study's GPUs a node within what a node has, its sizes more than one."""
+    sc = exp.get("scaling")
+    if not sc:
+        return
+    where = f"config key 'experiments.{name}.scaling"
+    gpu = int(exp.get("launch", {}).get("gpus", 1)) > 0
+    if gpu and gpus_per_node and max(sc["gpus"]) > gpus_per_node:
+        raise VoxjetError(
+            f"{where}.gpus': {max(sc['gpus'])} GPUs a node, but site.gpus_per_node is "
+            f"{gpus_per_node}; list at most {gpus_per_node} and add sizes with scaling.nodes"
+        )
+    sizes = {n * m for n in sc["gpus"] for m in sc.get("nodes", [1])}
+    if len(sizes) < 2:
+        raise VoxjetError(f"{where}': all its sizes are {sorted(sizes)} processes; a fit needs "
+                          "at least two")  # fmt: skip
 
 
 JET_MODELS, SEG_MODELS = ("pfn", "particlenet", "part"), ("unet", "dynunet")
@@ -188,6 +207,8 @@ class Run:
     domain: str
     params: dict[str, Any]
     config: dict[str, Any]
+    role: str = "train"  # "scaling": a scaling study's run (trained, never evaluated)
+    launch: dict[str, Any] = field(default_factory=dict)  # over the experiment's `launch:`
 
     @property
     def run_dir(self) -> str:
@@ -285,7 +306,38 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
                 info = {**params, **({"repeat": repeat} if repeat else {}),
                         **({"fold": fold} if fold is not None else {})}  # fmt: skip
                 runs[run_id] = Run(run_id, name, exp["dataset"], domain, info, cfg)
+        for run in scaling_runs(name, exp, base, domain):
+            if run.run_id in runs:
+                raise VoxjetError(
+                    f"experiments.{name}: a sweep run is named {run.run_id!r} like a scaling "
+                    "run; rename the experiment's sweep values"
+                )
+            runs[run.run_id] = run
     return runs
+
+
+def scaling_runs(name: str, exp: Mapping[str, Any], base: Mapping[str, Any],
+                 domain: str) -> list[Run]:  # fmt: skip
+    """The runs of an experiment's scaling study: its own settings for `scaling.steps` steps at
+    each (processes a node, nodes), as GPUs or, with `launch.gpus` 0, CPU processes."""
+    sc = exp.get("scaling")
+    if not sc:
+        return []
+    gpu = int(exp.get("launch", {}).get("gpus", 1)) > 0
+    out = []
+    for nodes in sc.get("nodes", [1]):
+        for n in sc["gpus"]:
+            cfg = copy.deepcopy(dict(base))
+            steps = int(sc.get("steps", 50))
+            # validation and checkpoint once, at the end: outside the windows the rate is from
+            cfg["train"].update(steps=steps, schedule_steps=steps, log_every=max(1, steps // 10),
+                                eval_every=steps, checkpoint_every=steps)  # fmt: skip
+            run_id = f"{name}_scale-{n}" + (f"x{nodes}" if nodes > 1 else "")
+            cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
+            launch = {"gpus" if gpu else "cpu_processes": n, "nodes": nodes}
+            params = {"processes": n * nodes, "nodes": nodes}
+            out.append(Run(run_id, name, exp["dataset"], domain, params, cfg, "scaling", launch))
+    return out
 
 
 def prediction_runs(config: Mapping[str, Any], runs: Mapping[str, Run]) -> dict[str, list[Run]]:
@@ -296,11 +348,12 @@ def prediction_runs(config: Mapping[str, Any], runs: Mapping[str, Run]) -> dict[
     for name, p in (config.get("predict") or {}).items():
         where = f"config key 'predict.{name}"
         if "run" in p:
-            if p["run"] not in runs:
+            if p["run"] not in runs or runs[p["run"]].role != "train":
                 raise VoxjetError(f"{where}.run': no run named {p['run']!r}; runs: {sorted(runs)}")
             out[name] = [runs[p["run"]]]
         else:
-            mine = [r for r in runs.values() if r.experiment == p["experiment"]]
+            mine = [r for r in runs.values()
+                    if r.experiment == p["experiment"] and r.role == "train"]  # fmt: skip
             if not mine:
                 raise VoxjetError(
                     f"{where}.experiment': no experiment named {p['experiment']!r}; "

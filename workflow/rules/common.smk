@@ -239,7 +239,9 @@ def run_config(wildcards):
 
 
 def run_launch(wildcards):
-    return config["experiments"][RUNS[wildcards.run].experiment]["launch"]
+    """The experiment's `launch:`, with a scaling run's size over it."""
+    run = RUNS[wildcards.run]
+    return {**config["experiments"][run.experiment]["launch"], **run.launch}
 
 
 def run_evaluate(wildcards):
@@ -273,8 +275,9 @@ def launch_mpi(wildcards):
 
 
 def eval_targets(domain=None):
+    """Every trained run's evaluation (scaling runs are only timed, never evaluated)."""
     return [f"{r.run_dir}/eval/metrics.json" for r in RUNS.values()
-            if domain is None or r.domain == domain]
+            if r.role == "train" and (domain is None or r.domain == domain)]
 
 
 _case_ids = {}

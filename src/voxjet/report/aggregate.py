@@ -41,6 +41,7 @@ class RunInfo:
     train_metrics: str
     params: dict[str, Any] = field(default_factory=dict)
     group: str = ""  # the run's name without its repeat (`_rep-<k>`): repeats share it
+    role: str = "train"  # "scaling": a scaling study's run, timed and never evaluated
 
     def __post_init__(self) -> None:
         self.group = self.group or self.run
@@ -61,6 +62,7 @@ def run_infos(runs) -> list[RunInfo]:
                 eval_metrics=f"{r.run_dir}/eval/metrics.json",
                 train_metrics=f"{r.run_dir}/metrics.jsonl",
                 group=r.run_id.removesuffix(f"_rep-{repeat}") if repeat else r.run_id,
+                role=r.role,
             )
         )
     return out
@@ -156,6 +158,36 @@ def cost_values(cost: dict[str, Any]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def scaling_studies(runs: list[RunInfo]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Per (domain, dataset, experiment) with a scaling study of two or more trained sizes:
+    its fit and table (report.scaling.study_table)."""
+    from voxjet.report.scaling import Point, steady_rate, study_table
+
+    points: dict[tuple[str, str, str], list] = {}
+    for r in runs:
+        if r.role != "scaling" or not Path(r.train_metrics).is_file():
+            continue
+        log = _train_log(r)
+        rate = steady_rate(log)
+        if rate is None:
+            continue
+        cost = cost_summary(log) or {}
+        missing = "" if cost.get("energy_per_item_j") is not None else cost.get(
+            "energy_missing", "no cost record")  # fmt: skip
+        points.setdefault((r.domain, r.dataset, r.experiment), []).append(
+            Point(
+                r.run,
+                int(r.params["processes"]),
+                rate[0],
+                rate[1],
+                cost.get("energy_per_item_j"),
+                missing,
+            )  # fmt: skip
+        )
+    return {k: study_table(v) for k, v in sorted(points.items())
+            if len({p.processes for p in v}) >= 2}  # fmt: skip
+
+
 def _train_log(r: RunInfo) -> list[dict[str, Any]]:
     return read_metrics(r.train_metrics) if Path(r.train_metrics).is_file() else []
 
@@ -164,6 +196,8 @@ def collect(runs: list[RunInfo]) -> tuple[list[dict[str, Any]], list[RunInfo]]:
     """Tidy rows for every run that has metrics, and the runs that have none (missing)."""
     rows, missing = [], []
     for r in runs:
+        if r.role != "train":
+            continue  # scaling runs: summarised by report.scaling
         if not Path(r.eval_metrics).is_file():
             missing.append(r)
             continue
@@ -220,13 +254,19 @@ def data_notes(runs: list[RunInfo]) -> dict[str, list[str]]:
 
 
 def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
-                     notes: dict[str, list[str]] | None = None) -> str:  # fmt: skip
-    """Per dataset, the runs ranked by the domain's headline metric (the best marked ★), and
-    what its data left out."""
-    notes = notes or {}
+                     notes: dict[str, list[str]] | None = None,
+                     studies: dict[tuple[str, str, str], dict[str, Any]] | None = None,
+                     ) -> str:  # fmt: skip
+    """Per dataset, the runs ranked by the domain's headline metric (the best marked ★), what
+    its data left out, and its experiments' scaling studies."""
+    from voxjet.report.scaling import study_markdown
+
+    notes, studies = notes or {}, studies or {}
     out = ["# voxjet results", ""]
     datasets = sorted(
-        {(r["dataset"], r["domain"]) for r in rows} | {(m.dataset, m.domain) for m in missing}
+        {(r["dataset"], r["domain"]) for r in rows}
+        | {(m.dataset, m.domain) for m in missing}
+        | {(ds, domain) for domain, ds, _ in studies}
     )
     for ds, domain in datasets:
         head, higher = HEADLINE[domain]
@@ -280,6 +320,9 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                 "",
             ]
         out += repeats_markdown([r for r in rows if r["dataset"] == ds], cols)
+        for (_, sds, exp), table in studies.items():
+            if sds == ds:
+                out += study_markdown(exp, table)
     return "\n".join(out)
 
 
@@ -442,13 +485,20 @@ def aggregate(
     """Write metrics.csv, summary.md and figures/ into `out_dir` (each atomically)."""
     out = Path(out_dir)
     rows, missing = collect(runs)
+    studies = scaling_studies(runs)
     with atomic_path(out / "figures", directory=True) as tmp:
         names = write_figures(runs, tmp, benchmarks)
+        from voxjet.report.scaling import scaling_figure
+
+        for (domain, ds, exp), table in studies.items():
+            name = f"{domain}-{ds}-scaling-{exp}.png"
+            scaling_figure(tmp / name, f"{ds}: scaling of {exp}", table)
+            names.append(name)
     with atomic_path(out / "metrics.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(rows)
-    md = summary_markdown(rows, missing, data_notes(runs))
+    md = summary_markdown(rows, missing, data_notes(runs), studies)
     if names:
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:

@@ -114,6 +114,7 @@ class Session:
     rapl0: dict = field(default_factory=dict)
     rapl_root: Path = RAPL_ROOT
     why_not: list[str] = field(default_factory=list)
+    items: int = 0  # items (jets, patches) trained on by all ranks together in this session
 
     @classmethod
     def start(cls, device: Any, main: bool, nodes: int = 1, rapl_root: Path = RAPL_ROOT) -> Session:
@@ -140,6 +141,10 @@ class Session:
                 s.why_not.append(f"RAPL reads one node of {nodes}")
         return s
 
+    def count(self, items: int) -> None:
+        """Items the whole job trained on in one step (for energy per item)."""
+        self.items += items
+
     def sample(self) -> None:
         """A utilisation reading (GPUs; called at log steps, never in the step itself)."""
         if self.nvml is not None:
@@ -153,7 +158,7 @@ class Session:
         import torch
 
         wall = time.monotonic() - self.t0
-        rec: dict[str, Any] = {"wall_s": wall, "gpu": self.gpu,
+        rec: dict[str, Any] = {"wall_s": wall, "gpu": self.gpu, "items": self.items,
                                "devices": 1 if self.gpu else self.cores}  # fmt: skip
         if self.gpu:
             rec["peak_memory_bytes"] = float(torch.cuda.max_memory_allocated(device))
@@ -208,6 +213,7 @@ def combine_ranks(snaps: list[dict[str, Any]]) -> dict[str, Any]:
         "devices": sum(s["devices"] for s in snaps),
         "peak_memory_bytes": max(s["peak_memory_bytes"] for s in snaps),
         "utilisation": sum(utils) / len(utils) if utils else None,
+        "items": snaps[0].get("items", 0),  # every rank counts the whole job's items
     }
     if all(s["energy_source"] == "nvml" for s in snaps):
         out.update(energy_j=sum(s["energy_j"] for s in snaps), energy_source="nvml")
@@ -230,6 +236,7 @@ def add_session(total: dict[str, Any] | None, session: dict[str, Any]) -> dict[s
     out["device_s"] = total["device_s"] + session["device_s"]
     out["devices"] = session["devices"]
     out["peak_memory_bytes"] = max(total["peak_memory_bytes"], session["peak_memory_bytes"])
+    out["items"] = total.get("items", 0) + session.get("items", 0)
     u0, u1 = total.get("utilisation"), session.get("utilisation")
     if u0 is not None and u1 is not None:
         out["utilisation"] = (u0 * total["device_s"] + u1 * session["device_s"]) / max(
@@ -261,6 +268,12 @@ def summary(cost: dict[str, Any], estimate_bytes: float | None = None) -> dict[s
         "peak_memory_gib": cost["peak_memory_bytes"] / 1024**3,
         "utilisation": cost.get("utilisation"),
         "energy_kwh": None if cost.get("energy_j") is None else cost["energy_j"] / 3.6e6,
+        "items": cost.get("items", 0),
+        "energy_per_item_j": (
+            None
+            if cost.get("energy_j") is None or not cost.get("items")
+            else cost["energy_j"] / cost["items"]
+        ),  # fmt: skip
         "energy_source": cost.get("energy_source", ""),
         "sessions": cost.get("sessions", 1),
     }

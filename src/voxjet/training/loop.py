@@ -505,6 +505,7 @@ class Trainer:
                 timer.data_ready()
                 n = self.train_step(state, batch)
                 timer.step_done(n * state.data_rt.world_size)
+                self.meter.count(n * state.data_rt.world_size)
                 bar.update(1)
                 if self.after_step(state, timer, bar, preempt):
                     break

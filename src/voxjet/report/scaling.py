@@ -1,0 +1,127 @@
+"""Scaling studies: an experiment trained for a short fixed number of steps at several sizes
+(processes), summarised as Frey et al. (HPEC 2022) do: T(n) = a·n^(−b) fitted to the time a
+fixed number of samples takes, speed-up and parallel efficiency against the smallest size, and
+energy per sample where it was measured."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PER = 1000  # T(n) is the time for this many samples
+
+
+@dataclass
+class Point:
+    """One size of a study: its measured throughput and what a sample cost."""
+
+    run: str
+    processes: int
+    rate: float  # samples/s over the steady windows
+    unit: str  # what a sample is (jets, patches)
+    energy_per_sample_j: float | None
+    energy_missing: str = ""
+
+    @property
+    def time(self) -> float:
+        """Seconds for PER samples."""
+        return PER / self.rate
+
+
+def steady_rate(lines: list[dict[str, Any]]) -> tuple[float, str] | None:
+    """Mean throughput of a training log's windows without the first (start-up, compilation)
+    and the last (validation and checkpoint); (rate, unit) or None with too few windows."""
+    steps = [r for r in lines if "loss" in r]
+    key = next((k for k in (steps[-1] if steps else {}) if k.endswith("_per_s")), None)
+    if key is None or len(steps) < 3:
+        return None
+    inner = steps[1:-1]
+    return sum(r[key] for r in inner) / len(inner), key.removesuffix("_per_s")
+
+
+def fit_power_law(n: list[float], t: list[float]) -> tuple[float, float]:
+    """(a, b) of T(n) = a·n^(−b), least squares in log-log."""
+    x, y = np.log(np.asarray(n, float)), np.log(np.asarray(t, float))
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(math.exp(intercept)), float(-slope)
+
+
+def study_table(points: list[Point]) -> dict[str, Any]:
+    """The fit and, per size, speed-up and parallel efficiency against the smallest size."""
+    pts = sorted(points, key=lambda p: p.processes)
+    a, b = fit_power_law([p.processes for p in pts], [p.time for p in pts])
+    n0, t0 = pts[0].processes, pts[0].time
+    rows = [
+        {
+            "run": p.run,
+            "processes": p.processes,
+            "rate": p.rate,
+            "time": p.time,
+            "speedup": t0 / p.time,
+            "efficiency": (t0 / p.time) * n0 / p.processes,
+            "fit_time": a * p.processes ** (-b),
+            "energy_per_sample_j": p.energy_per_sample_j,
+            "energy_missing": p.energy_missing,
+        }
+        for p in pts
+    ]
+    return {"a": a, "b": b, "unit": pts[0].unit, "rows": rows}
+
+
+def study_markdown(title: str, table: dict[str, Any]) -> list[str]:
+    """A summary.md section for one study."""
+    unit = table["unit"]
+    out = [
+        f"### Scaling of {title}: T(n) = {table['a']:.4g}·n^(−{table['b']:.3f}) "
+        f"(seconds per {PER} {unit})",
+        "",
+        f"| run | processes | {unit}/s | T(n) s | fit s | speed-up | efficiency | J per {unit} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table["rows"]:
+        e = r["energy_per_sample_j"]
+        out.append(
+            f"| {r['run']} | {r['processes']} | {r['rate']:.4g} | {r['time']:.4g} | "
+            f"{r['fit_time']:.4g} | {r['speedup']:.3g} | {r['efficiency']:.3g} | "
+            + (f"{e:.3g}" if e is not None else "–")
+            + " |"
+        )
+    missing = sorted({r["energy_missing"] for r in table["rows"] if r["energy_missing"]})
+    out += (
+        [""] + [f"Energy per {unit} not measured: {m}" for m in missing] + ([""] if missing else [])
+    )
+    return out
+
+
+def scaling_figure(path, title: str, table: dict[str, Any]) -> None:
+    """T(n) measured and fitted against the ideal 1/n (log-log), and parallel efficiency."""
+    from voxjet.report.figures import pyplot, save_figure
+
+    plt = pyplot()
+    rows = table["rows"]
+    n = np.array([r["processes"] for r in rows], float)
+    t = np.array([r["time"] for r in rows])
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    grid = np.geomspace(n.min(), n.max(), 50)
+    ax_t.plot(n, t, "o", label="measured")
+    ax_t.plot(grid, table["a"] * grid ** (-table["b"]), "-",
+              label=f"fit {table['a']:.3g}·n^(−{table['b']:.2f})")  # fmt: skip
+    ax_t.plot(grid, t[0] * n[0] / grid, ":", color="grey", label="ideal (1/n)")
+    ax_t.set_xscale("log")
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel("processes (GPUs, or CPU processes)")
+    ax_t.set_ylabel(f"seconds per {PER} {table['unit']}")
+    ax_t.legend(fontsize=8)
+    ax_e.plot(n, [r["efficiency"] for r in rows], "o-")
+    ax_e.axhline(1.0, color="grey", ls=":")
+    ax_e.set_xscale("log")
+    ax_e.set_ylim(0, 1.2 * max(1.0, max(r["efficiency"] for r in rows)))
+    ax_e.set_xlabel("processes")
+    ax_e.set_ylabel("parallel efficiency")
+    for ax in (ax_t, ax_e):
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
+    save_figure(fig, path)

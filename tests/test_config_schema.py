@@ -72,7 +72,7 @@ FROM_PLAN = {("dynunet", "filters")}
 
 
 def test_model_defaults_are_the_constructors():
-    from voxjet.jets.models import PFN, ParT, ParticleNet
+    from voxjet.jets.models import MODELS
     from voxjet.volumes.models import build_dynunet, build_unet
 
     def as_config(v):  # tuples in signatures, lists in YAML
@@ -80,8 +80,7 @@ def test_model_defaults_are_the_constructors():
 
     for branch in node(SCHEMA, "$defs/model")["allOf"]:
         name = branch["if"]["properties"]["name"]["const"]
-        ctor = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT, "unet": build_unet,
-                "dynunet": build_dynunet}[name]  # fmt: skip
+        ctor = {**MODELS, "unet": build_unet, "dynunet": build_dynunet}[name]
         params = inspect.signature(ctor).parameters
         props = branch["then"]["properties"]
         for key, prop in props.items():

@@ -127,7 +127,8 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
         training.append({"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"})
     (spleen / "dataset.json").write_text(json.dumps({"modality": {"0": "CT"},
         "labels": {"0": "background", "1": "spleen"}, "training": training}))  # fmt: skip
-    for name, path in (("jetclass", jetclass), ("msd_spleen", spleen)):
+    for name, path in (("jetclass", jetclass), ("jetclass_weaver", jetclass),
+                       ("msd_spleen", spleen)):  # fmt: skip
         cfg = yaml.safe_load((REPO / "config" / "examples" / f"{name}.yaml").read_text())
         ds = next(iter(cfg["datasets"]))
         cfg["datasets"][ds]["source"]["path"] = str(path)

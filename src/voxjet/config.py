@@ -87,11 +87,18 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
     for name, ds in config.get("datasets", {}).items():
         _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
+    for name, ds in config.get("datasets", {}).items():
+        if isinstance(ds.get("jets"), Mapping):
+            from voxjet.jets.weaver_config import check_not_both
+
+            check_not_both(ds["jets"], f"config key 'datasets.{name}.jets'")
     for name, ds in _filled(config, schema_path).get("datasets", {}).items():
         if ds.get("domain") == "jets" and "jets" in ds:
             from voxjet.jets.leakage import check_inputs
+            from voxjet.jets.weaver_config import resolve
 
-            check_inputs(ds["jets"], f"datasets.{name}.jets")
+            where = f"datasets.{name}.jets"
+            check_inputs(resolve(ds["jets"], where), where)
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
             raise VoxjetError(
@@ -120,7 +127,8 @@ def _check_scaling(name: str, exp: Mapping[str, Any], gpus_per_node: int | None)
                           "at least two")  # fmt: skip
 
 
-JET_MODELS, SEG_MODELS = ("pfn", "particlenet", "part"), ("unet", "dynunet")
+JET_MODELS = ("pfn", "particlenet", "part", "weaver_part", "weaver_pnet")
+SEG_MODELS = ("unet", "dynunet")
 
 
 def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any]) -> None:
@@ -133,6 +141,12 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
             f"{where}.model.name': {model!r} is a "
             f"{'jet tagger' if model in JET_MODELS else 'segmentation network'}, but dataset "
             f"{exp['dataset']!r} holds {domain}; use one of {list(fits)}"
+        )
+    if model.startswith("weaver_") and not (ds.get("jets") or {}).get("weaver_config"):
+        raise VoxjetError(
+            f"{where}.model.name': {model!r} reads the input groups of a weaver data config; "
+            f"give dataset {exp['dataset']!r} jets.weaver_config (or use one of "
+            f"{[m for m in JET_MODELS if not m.startswith('weaver_')]})"
         )
     if exp.get("folds") and domain != "volumes":
         raise VoxjetError(f"{where}.folds': cross-validation folds are for volumes datasets")

@@ -10,6 +10,7 @@ from snakemake.settings.types import DeploymentMethod
 
 from voxjet.config import check_config, check_sources, expand_runs, prediction_runs
 from voxjet.errors import VoxjetError
+from voxjet.jets.weaver_config import resolve as resolve_weaver
 from voxjet.report.aggregate import run_infos
 from voxjet.stage.transfer import list_sources
 from voxjet.workflow_env import conda_env_file
@@ -201,8 +202,16 @@ def synth_args(wildcards):
 
 
 def data_config(section):
-    """The dataset's jets/volumes section as JSON for the CLI (a change reruns the stage)."""
-    return lambda wildcards: json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
+    """The dataset's jets/volumes section as JSON for the CLI (a change reruns the stage); a
+    jets section's weaver_config is read into it, so a change of that file's content does too."""
+
+    def resolved(wildcards):
+        cfg = dataset_cfg(wildcards.dataset)[section]
+        if section == "jets":
+            cfg = resolve_weaver(cfg, f"datasets.{wildcards.dataset}.jets")
+        return json.dumps(cfg, sort_keys=True)
+
+    return resolved
 
 
 def prepared(name):

@@ -163,10 +163,12 @@ def predict_file(
 
     path, out_path = Path(path), Path(out_path)
     counts = {"entries": 0, "scored": 0, "failed_selection": 0, "not_finite": 0}
+    # the dataset's observers (a weaver config's) first, then the ones asked for here
+    observers = list(dict.fromkeys([*(tagger.data.get("observers") or []), *observers]))
     with atomic_path(out_path) as tmp:
         with uproot.recreate(tmp) as fout:
             tree = None
-            for cols in scored_chunks(tagger, path, list(observers), step_size, batch):
+            for cols in scored_chunks(tagger, path, observers, step_size, batch):
                 if tree is None:
                     tree = fout.mktree(tagger.tree, {k: v.dtype for k, v in cols.items()})
                 tree.extend(cols)

@@ -98,10 +98,20 @@ class JetDataConfig:
     truth_inputs: list[str] = field(default_factory=list)
     bad_labels: str = "fail"
     background: str | None = None
+    weaver_config: str | None = None
+    weaver_inputs: dict | None = None
+    observers: list[str] = field(default_factory=list)
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000
     seed: int = 42
+
+    def __post_init__(self) -> None:
+        if self.weaver_config and self.weaver_inputs is None:
+            from voxjet.jets.weaver_config import resolve
+
+            for k, v in resolve(asdict(self), "jets").items():
+                setattr(self, k, v)
 
     def hash(self) -> str:
         """A short hash that changes whenever the shard contents would."""
@@ -119,7 +129,8 @@ class JetDataConfig:
 
 
 # settings that change what is reported, not what the shards hold
-METRICS_ONLY = {"background"}
+# (weaver_config: its content arrives as the fields it sets; observers: read by predict only)
+METRICS_ONLY = {"background", "weaver_config", "observers"}
 
 
 def class_names(labels: list[str] | dict) -> list[str]:

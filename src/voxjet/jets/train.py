@@ -59,6 +59,9 @@ class JetTask:
             "feature_names": self.index["particle_features"],
             **model_cfg,
         }
+        if str(model_cfg.get("name", "")).startswith("weaver_"):
+            # weaver's networks read the input groups of the data config the shards came from
+            self.model_cfg["weaver_inputs"] = (self.index.get("config") or {}).get("weaver_inputs")
         self.s = s
         self.experiment = ""  # for the trackers (MLflow's experiment)
         # one stream for the run: read in this process, its buffer serves every epoch (new

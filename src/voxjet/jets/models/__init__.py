@@ -3,14 +3,21 @@ return class logits; one module a model, found by its config name in MODELS."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
 from voxjet.jets.models.layers import Standardize, feature_indices
 from voxjet.jets.models.part import ParT, pairwise_features
 from voxjet.jets.models.particlenet import ParticleNet
 from voxjet.jets.models.pfn import PFN
+from voxjet.jets.models.weaver import weaver_part, weaver_pnet
 
-MODELS: dict[str, type[nn.Module]] = {"pfn": PFN, "particlenet": ParticleNet, "part": ParT}
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "pfn": PFN, "particlenet": ParticleNet, "part": ParT,
+    # the official networks through weaver-core (the `weaver` extra), fed weaver's input groups
+    "weaver_part": weaver_part, "weaver_pnet": weaver_pnet,
+}  # fmt: skip
 
 __all__ = ["MODELS", "PFN", "ParT", "ParticleNet", "Standardize", "build_model",
            "feature_indices", "pairwise_features"]  # fmt: skip

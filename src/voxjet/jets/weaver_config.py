@@ -1,0 +1,148 @@
+"""weaver-core data configs (the YAML files weaver's `--data-config` reads, e.g. JetClass's
+published full/kin/kinpid ones) turned into a dataset's `jets:` settings: new variables (weaver's
+np./ak./math. spellings go through voxjet's safe expression language, never eval), the
+selection, the input groups with their manual standardisation (centre, scale, clip range, pad
+value, length, pad mode), simple one-hot labels and observers. What voxjet cannot do as weaver
+does is refused with the key named, never approximated."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from voxjet.errors import VoxjetError
+
+# keys of a dataset's jets section a weaver config decides (giving both would be ambiguous)
+DERIVED = ("labels", "particle_features", "new_variables", "selection", "sort_by",
+           "max_particles", "tree")  # fmt: skip
+PAD_MODES = ("constant", "wrap")
+
+
+def _var_params(spec: Any, group: str, length: int, pad_mode: str, where: str) -> dict[str, Any]:
+    """weaver's [name, centre, scale, min, max, pad_value] (or a bare name) as a dict."""
+    v = list(spec) if isinstance(spec, (list, tuple)) else [spec]
+    if not v or not isinstance(v[0], str) or len(v) > 6:
+        raise VoxjetError(f"{where}: inputs.{group}.vars entry {spec!r} is not weaver's "
+                          "[name, centre, scale, min, max, pad_value]")  # fmt: skip
+    defaults = [None, None, 1, -5, 5, 0]
+    name, center, scale, lo, hi, pad = v + defaults[len(v) :]
+    if center == "auto":
+        raise VoxjetError(
+            f"{where}: inputs.{group}.vars {name!r} asks for automatic standardisation "
+            "(preprocess.method: auto); give its centre and scale (weaver writes them to the "
+            "*.auto.yaml it makes) or list the variable in jets.particle_features instead"
+        )
+    for label, x in (("centre", center), ("scale", scale), ("min", lo), ("max", hi),
+                     ("pad_value", pad)):  # fmt: skip
+        if x is not None and not isinstance(x, (int, float)):
+            raise VoxjetError(f"{where}: inputs.{group}.vars {name!r}: {label} {x!r} is no number")
+    return {"name": name, "center": center, "scale": scale, "min": lo, "max": hi,
+            "pad_value": pad, "length": length, "pad_mode": pad_mode}  # fmt: skip
+
+
+def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The jets settings a weaver data config means: {labels, particle_features, jet_features,
+    new_variables, selection, sort_by, max_particles, tree, weaver_inputs}."""
+    if not isinstance(doc, dict):
+        raise VoxjetError(f"{where}: not a weaver data config (a YAML mapping)")
+    unknown = set(doc) - {"treename", "selection", "test_time_selection", "new_variables",
+                          "preprocess", "inputs", "labels", "observers", "monitor_variables",
+                          "weights", "branch_magic", "file_magic", "bucketing"}  # fmt: skip
+    if unknown:
+        raise VoxjetError(f"{where}: keys {sorted(unknown)} are not weaver data-config keys")
+    tts = doc.get("test_time_selection")
+    if tts and tts != doc.get("selection"):
+        raise VoxjetError(
+            f"{where}: test_time_selection differs from selection; voxjet applies one "
+            "selection to every split (so that test jets are those the model was trained on); "
+            "drop test_time_selection or make it the selection"
+        )
+    if doc.get("weights"):
+        raise VoxjetError(f"{where}: weights (reweighting) is not supported; remove the "
+                          "weights: section (voxjet trains on the jets as they come)")  # fmt: skip
+    for key in ("branch_magic", "file_magic", "bucketing"):
+        if doc.get(key):
+            raise VoxjetError(f"{where}: {key} is not supported; remove it")
+    method = str((doc.get("preprocess") or {}).get("method", "manual")).lower()
+    if method.startswith("auto"):
+        raise VoxjetError(f"{where}: preprocess.method {method!r}: give every variable's centre "
+                          "and scale (method: manual)")  # fmt: skip
+    labels = doc.get("labels") or {}
+    if labels.get("type") != "simple" or not isinstance(labels.get("value"), list):
+        raise VoxjetError(
+            f"{where}: labels of type {labels.get('type')!r}: voxjet classifies with one-hot "
+            "label branches (labels: {type: simple, value: [label_A, label_B, ...]})"
+        )
+    groups: dict[str, dict[str, Any]] = {}
+    features: list[str] = []
+    for group, spec in (doc.get("inputs") or {}).items():
+        length = spec.get("length")
+        if not isinstance(length, int) or length < 1:
+            raise VoxjetError(f"{where}: inputs.{group}.length {length!r}: voxjet's inputs are "
+                              "particle sequences of a fixed length")  # fmt: skip
+        pad_mode = str(spec.get("pad_mode", "constant")).lower()
+        if pad_mode not in PAD_MODES:
+            raise VoxjetError(f"{where}: inputs.{group}.pad_mode {pad_mode!r}: one of {PAD_MODES}")
+        if group.endswith("_mask") and pad_mode != "constant":
+            raise VoxjetError(f"{where}: inputs.{group}: a mask is padded with constant")
+        params = [_var_params(v, group, length, pad_mode, where) for v in spec.get("vars", [])]
+        if not params:
+            raise VoxjetError(f"{where}: inputs.{group} has no vars")
+        groups[group] = {"length": length, "pad_mode": pad_mode, "vars": params}
+        features += [p["name"] for p in params if p["name"] not in features]
+    if not groups:
+        raise VoxjetError(f"{where}: no inputs")
+    new = {k: str(v) for k, v in (doc.get("new_variables") or {}).items() if k != v}
+    observers = list(doc.get("observers") or []) + list(doc.get("monitor_variables") or [])
+    out: dict[str, Any] = {
+        "labels": list(labels["value"]),
+        "particle_features": features,
+        "new_variables": new,
+        "selection": doc.get("selection"),
+        # weaver keeps each jet's particles in the file's order and cuts at `length`
+        "sort_by": None,
+        "max_particles": max(g["length"] for g in groups.values()),
+        "weaver_inputs": groups,
+    }
+    if observers:
+        out["observers"] = observers
+    if doc.get("treename"):
+        out["tree"] = doc["treename"]
+    return out
+
+
+def read(path: str | os.PathLike) -> dict[str, Any]:
+    """A weaver data config file, parsed (its errors name the file)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise VoxjetError(f"{p}: no such weaver data config; check jets.weaver_config")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise VoxjetError(f"{p}: not valid YAML ({e})") from e
+
+
+def check_not_both(given: dict[str, Any], where: str) -> None:
+    """A jets section as the user wrote it: with weaver_config, none of the keys it decides."""
+    if given.get("weaver_config"):
+        both = [k for k in DERIVED if k in given]
+        if both:
+            raise VoxjetError(
+                f"{where}: {both} are set by weaver_config {given['weaver_config']}; remove "
+                "them from the section"
+            )
+
+
+def resolve(jets: dict[str, Any], where: str) -> dict[str, Any]:
+    """The dataset's jets section (defaults filled) with its weaver_config applied, if any."""
+    path = jets.get("weaver_config")
+    if not path or jets.get("weaver_inputs"):
+        return jets
+    derived = translate(read(path), f"config key '{where}.weaver_config' ({path})")
+    observers = derived.pop("observers", [])
+    out = {**jets, **derived}
+    out["observers"] = list(dict.fromkeys([*(jets.get("observers") or []), *observers]))
+    return out

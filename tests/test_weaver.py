@@ -1,0 +1,303 @@
+"""weaver-core data configs and networks: JetClass's feature sets (full, kin, kinpid, written in
+weaver's format as jet-universe/particle_transformer publishes them, with the toy files' four
+classes) shard JetClass-shaped files and give exactly the inputs weaver-core's own loader gives
+for the same jets; a state dict saved from weaver's ParticleTransformer or ParticleNet loads
+into a voxjet model and gives the same outputs; what voxjet cannot do as weaver does is refused
+naming the key."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from voxjet.errors import VoxjetError
+from voxjet.jets.dataset import load_columns, load_index
+from voxjet.jets.jagged import pad_particles
+from voxjet.jets.models import build_model
+from voxjet.jets.models.weaver import PART_DEFAULTS, PNET_DEFAULTS
+from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+from voxjet.stage.transfer import stage
+
+pytest.importorskip("weaver", reason="weaver-core is in the test extra")
+
+NEW_VARIABLES = {
+    "part_mask": "ak.ones_like(part_energy)",
+    "part_pt": "np.hypot(part_px, part_py)",
+    "part_pt_log": "np.log(part_pt)",
+    "part_e_log": "np.log(part_energy)",
+    "part_logptrel": "np.log(part_pt/jet_pt)",
+    "part_logerel": "np.log(part_energy/jet_energy)",
+    "part_deltaR": "np.hypot(part_deta, part_dphi)",
+    "part_d0": "np.tanh(part_d0val)",
+    "part_dz": "np.tanh(part_dzval)",
+}
+KIN = [["part_pt_log", 1.7, 0.7], ["part_e_log", 2.0, 0.7], ["part_logptrel", -4.7, 0.7],
+       ["part_logerel", -4.7, 0.7], ["part_deltaR", 0.2, 4.0]]  # fmt: skip
+PID = [["part_charge", None], ["part_isChargedHadron", None], ["part_isNeutralHadron", None],
+       ["part_isPhoton", None], ["part_isElectron", None], ["part_isMuon", None]]  # fmt: skip
+TRACKS = [["part_d0", None], ["part_d0err", 0, 1, 0, 1], ["part_dz", None],
+          ["part_dzerr", 0, 1, 0, 1]]  # fmt: skip
+ANGLES = [["part_deta", None], ["part_dphi", None]]
+FEATURES = {"kin": KIN + ANGLES, "kinpid": KIN + PID + ANGLES, "full": KIN + PID + TRACKS + ANGLES}
+CLASSES = ["label_QCD", "label_Hbb", "label_Wqq", "label_Tbqq"]
+
+
+def data_config(features: str, length: int = 128) -> dict:
+    """A JetClass data config in weaver's format (JetClass_{full,kin,kinpid}.yaml's inputs)."""
+    group = {"length": length, "pad_mode": "wrap"}
+    return copy.deepcopy(
+        {
+            "selection": None,
+            "new_variables": dict(NEW_VARIABLES),
+            "preprocess": {"method": "manual", "data_fraction": 0.5},
+            "inputs": {
+                "pf_points": {**group, "vars": ANGLES},
+                "pf_features": {**group, "vars": FEATURES[features]},
+                "pf_vectors": {
+                    **group,
+                    "vars": [
+                        ["part_px", None],
+                        ["part_py", None],
+                        ["part_pz", None],
+                        ["part_energy", None],
+                    ],
+                },
+                "pf_mask": {
+                    "length": length,
+                    "pad_mode": "constant",
+                    "vars": [["part_mask", None]],
+                },
+            },  # fmt: skip
+            "labels": {"type": "simple", "value": CLASSES},
+            "observers": ["jet_pt", "jet_eta", "jet_sdmass"],
+            "weights": None,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    d = tmp_path_factory.mktemp("weaver")
+    generate_dataset(d / "raw", ToyJetsConfig(files_per_class=1, jets_per_file=120), progress=False)
+    stage(str(d / "raw"), d / "staged", d / "manifest.json", patterns=["*.root"])
+    return d / "manifest.json"
+
+
+def _shard(manifest, tmp_path, features: str, length: int = 128):
+    path = tmp_path / f"JetClass_{features}.yaml"
+    path.write_text(yaml.safe_dump(data_config(features, length), sort_keys=False))
+    cfg = JetDataConfig(weaver_config=str(path), jets_per_shard=500)
+    shard_jets(manifest, tmp_path / "shards", cfg)
+    return path, tmp_path / "shards"
+
+
+def _voxjet_inputs(shards, model):
+    """Per (file, entry): the four groups voxjet's weaver model is fed, for every split's jets."""
+    index = load_index(shards)
+    out = {}
+    for split in ("train", "val", "test"):
+        cat = load_columns(shards, split, ("particles", "labels", "file", "entry"))
+        counts = torch.from_numpy(np.diff(cat["offsets"]))
+        p, m = pad_particles(torch.from_numpy(cat["particles"]), counts, index["max_particles"])
+        groups = model.weaver_inputs(p, m)
+        for i, (f, e) in enumerate(zip(cat["file"], cat["entry"], strict=True)):
+            key = (index["source_files"][int(f)], int(e))
+            out[key] = ([g[i].numpy() for g in groups], int(cat["labels"][i]))
+    return out
+
+
+@pytest.mark.parametrize("features", ["kin", "kinpid", "full"])
+def test_jetclass_feature_sets_give_weavers_own_inputs_for_the_same_jets(manifest, tmp_path,
+                                                                         features):  # fmt: skip
+    from weaver.utils.dataset import SimpleIterDataset
+
+    cfg_path, shards = _shard(manifest, tmp_path, features)
+    index = load_index(shards)
+    assert index["classes"] == ["QCD", "Hbb", "Wqq", "Tbqq"]
+    assert index["config"]["observers"] == ["jet_pt", "jet_eta", "jet_sdmass"]
+    model = build_model("weaver_pnet", n_classes=4, feature_names=index["particle_features"],
+                        weaver_inputs=index["config"]["weaver_inputs"])  # fmt: skip
+    ours = _voxjet_inputs(shards, model)
+    root = manifest.parent / "staged"
+    compared = 0
+    for name in index["source_files"]:
+        ds = SimpleIterDataset({"d": [str(root / name)]}, str(cfg_path), for_training=False,
+                               load_range_and_fraction=((0, 1), 1, 1), fetch_by_files=True,
+                               fetch_step=1, name="test")  # fmt: skip
+        for entry, (x, y, _) in enumerate(ds):
+            groups, label = ours[(name, entry)]
+            assert label == int(y["_label_"]), (name, entry)
+            for key, mine in zip(("pf_points", "pf_features", "pf_vectors", "pf_mask"), groups,
+                                 strict=True):  # fmt: skip
+                np.testing.assert_allclose(mine, x[key], rtol=1e-5, atol=2e-5,
+                                           err_msg=f"{name} entry {entry} {key}")  # fmt: skip
+            compared += 1
+    assert compared == len(ours) == 4 * 120
+
+
+class PartWrapper(nn.Module):
+    """particle_transformer's networks/example_ParticleTransformer.py wrapper (how the published
+    checkpoints were saved: the network under `mod`)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        from weaver.nn.model.ParticleTransformer import ParticleTransformer
+
+        self.mod = ParticleTransformer(**kwargs)
+
+    def forward(self, points, features, lorentz_vectors, mask):
+        return self.mod(features, v=lorentz_vectors, mask=mask)
+
+
+class PNetWrapper(nn.Module):
+    """particle_transformer's networks/example_ParticleNet.py wrapper."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        from weaver.nn.model.ParticleNet import ParticleNet
+
+        self.mod = ParticleNet(**kwargs)
+
+    def forward(self, points, features, lorentz_vectors, mask):
+        return self.mod(points, features, mask)
+
+
+SMALL_PART = {"embed_dims": [32, 64, 32], "pair_embed_dims": [16, 16], "num_heads": 4,
+              "num_layers": 2, "num_cls_layers": 1}  # fmt: skip
+SMALL_PNET = {"conv_params": [[4, [16, 16]], [4, [32, 32]]], "fc_params": [[32, 0.1]]}
+
+
+def _weaver_net(kind: str, n_classes: int, n_features: int) -> nn.Module:
+    if kind == "weaver_part":
+        return PartWrapper(input_dim=n_features, num_classes=n_classes,
+                           **{**PART_DEFAULTS, **SMALL_PART})  # fmt: skip
+    cfg = {**PNET_DEFAULTS, **SMALL_PNET}
+    cfg["conv_params"] = [(k, tuple(c)) for k, c in cfg["conv_params"]]
+    cfg["fc_params"] = [tuple(f) for f in cfg["fc_params"]]
+    return PNetWrapper(input_dims=n_features, num_classes=n_classes, **cfg)
+
+
+@pytest.mark.parametrize("kind,small", [("weaver_part", SMALL_PART), ("weaver_pnet", SMALL_PNET)])
+def test_a_state_dict_saved_from_weavers_network_gives_the_same_outputs(manifest, tmp_path,
+                                                                         kind, small):  # fmt: skip
+    _, shards = _shard(manifest, tmp_path, "kin", length=32)
+    index = load_index(shards)
+    torch.manual_seed(7)
+    theirs = _weaver_net(kind, 4, len(KIN + ANGLES)).eval()
+    torch.save(theirs.state_dict(), tmp_path / "weights.pt")
+    kw = {"n_classes": 4, "feature_names": index["particle_features"],
+          "weaver_inputs": index["config"]["weaver_inputs"], "network": small}  # fmt: skip
+    ours = build_model(kind, pretrained=str(tmp_path / "weights.pt"), **kw).eval()
+    fresh = build_model(kind, **kw).eval()
+    cat = load_columns(shards, "train", ("particles",))
+    counts = torch.from_numpy(np.diff(cat["offsets"]))[:64]
+    flat = torch.from_numpy(cat["particles"][: int(counts.sum())])
+    p, m = pad_particles(flat, counts, index["max_particles"])
+    with torch.no_grad():
+        want = theirs(*ours.weaver_inputs(p, m))
+        got = ours(p, m)
+        assert torch.equal(got, want)
+        assert not torch.allclose(fresh(p, m), want)  # the weights did load
+    # fine-tuning to other classes: the classifier starts afresh, the rest is weaver's
+    torch.save(_weaver_net(kind, 10, len(KIN + ANGLES)).state_dict(), tmp_path / "ten.pt")
+    tuned = build_model(kind, pretrained=str(tmp_path / "ten.pt"), **kw)
+    assert tuned(p, m).shape == (64, 4)
+
+
+def test_fine_tuning_a_weaver_network_trains_from_the_saved_weights(manifest, tmp_path):
+    from voxjet.jets.train import run
+
+    _, shards = _shard(manifest, tmp_path, "kin", length=32)
+    torch.manual_seed(3)
+    torch.save(_weaver_net("weaver_part", 4, len(KIN + ANGLES)).state_dict(), tmp_path / "w.pt")
+    model = {"name": "weaver_part", "pretrained": str(tmp_path / "w.pt"), "network": SMALL_PART}
+    train = {"steps": 12, "batch_size": 32, "lr": 1e-3, "log_every": 4, "eval_every": 12,
+             "warmup_steps": 2}  # fmt: skip
+    out = run(str(shards), {"model": model, "train": train}, str(tmp_path / "run"))
+    assert out["step"] == 12
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
+    assert saved["model_config"]["weaver_inputs"]["pf_features"]["vars"][0]["center"] == 1.7
+
+
+def _refused(tmp_path, change, match):
+    cfg = data_config("kin")
+    change(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(VoxjetError, match=match):
+        JetDataConfig(weaver_config=str(path))
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda c: c.update(weights={"reweight_method": "flat"}), r"weights \(reweighting\)"),
+        (lambda c: c.update(labels={"type": "custom", "value": {"t": "x"}}),
+         "labels of type 'custom'"),
+        (lambda c: c["preprocess"].update(method="auto"), "method 'auto'"),
+        (lambda c: c["inputs"]["pf_features"]["vars"].append(["part_e_log", "auto"]),
+         "'part_e_log' asks for automatic standardisation"),
+        (lambda c: c.update(test_time_selection="jet_pt > 500"), "test_time_selection differs"),
+        (lambda c: c["inputs"]["pf_mask"].update(pad_mode="wrap"), "a mask is padded with"),
+        (lambda c: c["inputs"]["pf_features"].update(pad_mode="edge"), "pad_mode 'edge'"),
+        (lambda c: c.update(extra=1), r"keys \['extra'\] are not weaver data-config keys"),
+    ],
+)  # fmt: skip
+def test_what_voxjet_cannot_do_as_weaver_does_is_refused(tmp_path, change, match):
+    _refused(tmp_path, change, rf"bad\.yaml.*{match}|{match}.*bad\.yaml")
+
+
+def test_weaver_config_and_its_keys_in_the_dataset_config_are_refused(demo_config, tmp_path):
+    from voxjet.config import check_config
+
+    path = tmp_path / "kin.yaml"
+    path.write_text(yaml.safe_dump(data_config("kin")))
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(path), "max_particles": 64}
+    with pytest.raises(VoxjetError, match=r"\['max_particles'\] are set by weaver_config"):
+        check_config(cfg, "config/schema.yaml")
+    cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(tmp_path / "nope.yaml")}
+    with pytest.raises(VoxjetError, match=r"nope\.yaml: no such weaver data config"):
+        check_config(cfg, "config/schema.yaml")
+    leaky = data_config("kin")
+    leaky["new_variables"]["part_leak"] = "part_deta * 0 + label_Tbqq"
+    leaky["inputs"]["pf_features"]["vars"].append(["part_leak", None])
+    path.write_text(yaml.safe_dump(leaky))
+    cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(path)}
+    with pytest.raises(VoxjetError, match=r"'part_leak' reads \['label_Tbqq'\]"):
+        check_config(cfg, "config/schema.yaml")
+
+
+def test_a_weaver_model_without_a_weaver_config_says_what_it_needs():
+    with pytest.raises(VoxjetError, match="give the dataset jets.weaver_config"):
+        build_model("weaver_part", n_classes=4, feature_names=["part_deta"])
+
+
+def test_pretrained_weights_that_do_not_fit_are_refused_naming_the_file(manifest, tmp_path):
+    _, shards = _shard(manifest, tmp_path, "kin", length=32)
+    index = load_index(shards)
+    torch.save({"mod.something": torch.zeros(3)}, tmp_path / "other.pt")
+    kw = {"n_classes": 4, "feature_names": index["particle_features"],
+          "weaver_inputs": index["config"]["weaver_inputs"], "network": SMALL_PART}  # fmt: skip
+    with pytest.raises(VoxjetError, match=r"other\.pt: does not fit this network"):
+        build_model("weaver_part", pretrained=str(tmp_path / "other.pt"), **kw)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(VoxjetError, match=r"junk\.pt: not a PyTorch state dict"):
+        build_model("weaver_part", pretrained=str(tmp_path / "junk.pt"), **kw)
+
+
+def test_a_weaver_model_on_a_dataset_without_a_weaver_config_stops_the_check(demo_config):
+    from voxjet.config import check_config
+
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["part"]["model"] = {"name": "weaver_part"}
+    with pytest.raises(VoxjetError, match=r"part\.model\.name': 'weaver_part' reads the input "
+                                          r"groups of a weaver data config; give dataset "
+                                          r"'toy_jets' jets\.weaver_config"):  # fmt: skip
+        check_config(cfg, "config/schema.yaml")

@@ -8,7 +8,13 @@
 3. loader jets/s ÷ a raw h5py read of every shard, one process each (target ≥ 0.5: the loader
    adds little);
 4. loader jets/s with the shards' checksums verified (fletcher32, every read) ÷ the same shards
-   written without checksums (target ≥ 0.9: verification costs at most a tenth).
+   written without checksums (target ≥ 0.9: verification costs at most a tenth);
+5. against the real peer, weaver-core's `SimpleIterDataset` (its best setting: by files, the
+   DataLoader's workers, batch 512) reading JetClass's full data config
+   (config/examples/weaver/JetClass_full.yaml, the toy's four classes), beside voxjet's loader
+   on shards made from the same data config (target ≥ 20, padded and not); and the conversion
+   break-even: the shard conversion's time ÷ the time its shards save an epoch against weaver
+   (target ≤ 0.5 epoch).
 
 The shards store the particles jagged. For a GPU the loader hands out batches as stored (flat
 rows + offsets; the GPU pads them); for a CPU model its workers pad (`pad_to`). Both are
@@ -28,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import uproot
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,6 +45,8 @@ from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.stream import JetStream
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class WeaverStyle(torch.utils.data.IterableDataset):
@@ -71,6 +80,25 @@ class WeaverStyle(torch.utils.data.IterableDataset):
                 torch.from_numpy(out["particles"]), counts, self.cfg.max_particles
             )
             yield {"particles": particles, "mask": mask, "jets": torch.from_numpy(out["jets"])}
+
+
+def weaver_loader(files: list[Path], config: Path, batch: int, workers: int):
+    """weaver-core's own loader over the ROOT files, as weaver's train.py builds it."""
+    from weaver.utils.dataset import SimpleIterDataset
+
+    ds = SimpleIterDataset({"bench": [str(f) for f in files]}, str(config), for_training=True,
+                           load_range_and_fraction=((0, 1), 1, 1), fetch_by_files=True,
+                           fetch_step=1, infinity_mode=False, name="bench")  # fmt: skip
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers,
+                                         persistent_workers=True, drop_last=False)  # fmt: skip
+
+    def batches():
+        for _inputs, y, _ in loader:
+            yield {"jets": y["_label_"]}
+
+    for _ in batches():  # start the workers
+        break
+    return batches
 
 
 def _rate(make_iter, repeats: int = 2) -> float:
@@ -146,6 +174,23 @@ def main() -> None:
 
         plain = copy_without_checksums(d / "shards", d / "unchecked")
         unchecked = _workers(JetStream(plain, "train", a.batch, seed=0).at(0, 0), a.workers)
+        # the real peer on the same files, beside voxjet's loader on shards of the same config
+        wcfg = yaml.safe_load((REPO / "config/examples/weaver/JetClass_full.yaml").read_text())
+        wcfg["labels"]["value"] = list(cfg.labels)
+        wcfg["observers"] = []
+        (d / "full.yaml").write_text(yaml.safe_dump(wcfg, sort_keys=False))
+        t = time.perf_counter()
+        shard_jets(d / "m.json", d / "wshards",
+                   JetDataConfig(weaver_config=str(d / "full.yaml"), jets_per_shard=10000,
+                                 step_size=20000, val_fraction=0, test_fraction=0.01))  # fmt: skip
+        t_wshard = time.perf_counter() - t
+        n_train = read_json(d / "wshards" / "index.json")["splits"]["train"]["jets"]
+        w_ours = _workers(JetStream(d / "wshards", "train", a.batch, seed=0).at(0, 0), a.workers)
+        w_pad = _workers(JetStream(d / "wshards", "train", a.batch, seed=0, pad_to=128).at(0, 0),
+                         a.workers)  # fmt: skip
+        real = weaver_loader(files, d / "full.yaml", a.batch, a.workers)
+        peer, w_mine, w_padded = _rate(real), _rate(w_ours), _rate(w_pad)
+        saved = n_jets / peer - n_train / w_padded  # an epoch's data time saved against weaver
         ours, padded, theirs = _rate(loader), _rate(loader_padded), _rate(weaver)
         on, off = _rate(loader), _rate(unchecked)  # verification on and off, side by side
         # the disk comparison in one process each: the raw read has no workers either
@@ -161,11 +206,22 @@ def main() -> None:
          f"{alone:,.0f} vs {bare:,.0f} jets/s"),
         ("loader, checksums verified ÷ shards without checksums (jets/s)", on / off, 0.9,
          f"{on:,.0f} vs {off:,.0f} jets/s"),
+        ("loader ÷ weaver-core SimpleIterDataset, JetClass full config (jets/s)", w_mine / peer,
+         20, f"{w_mine:,.0f} vs {peer:,.0f} jets/s"),
+        ("  the same, the loader's workers padding", w_padded / peer, 20,
+         f"{w_padded:,.0f} vs {peer:,.0f} jets/s"),
     ]  # fmt: skip
+    # lower is better: epochs of weaver-core loading that the conversion costs
+    break_even = t_wshard / saved if saved > 0 else float("inf")
     print(f"{n_jets:,} toy jets in {len(files)} files, up to 128 particles x 17 features")
     for name, ratio, target, detail in rows:
         ok = "PASS" if ratio >= target else "FAIL"
         print(f"{name:<72} {ratio:6.2f} (target >= {target}) {ok}  [{detail}]")
+    ok = "PASS" if break_even <= 0.5 else "FAIL"
+    print(
+        f"{'conversion break-even against weaver-core (epochs)':<72} {break_even:6.2f} "
+        f"(target <= 0.5) {ok}  [{t_wshard:.1f} s to shard, {saved:.1f} s saved an epoch]"
+    )
 
 
 if __name__ == "__main__":

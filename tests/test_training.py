@@ -118,6 +118,15 @@ def test_two_process_ddp_through_torchrun(shards, tmp_path):
     assert losses[-1]["loss"] < losses[0]["loss"]  # it learns with the averaged gradients
     cost = next(r["cost"] for r in read_metrics(tmp_path / "metrics.jsonl") if "cost" in r)
     assert cost["devices"] % 2 == 0 and cost["device_hours"] > cost["wall_h"]  # both ranks'
+    # a forced rerun (Snakemake removed the outputs): both ranks agree to start afresh (one
+    # that looked after rank 0 moved the checkpoints aside used to hang the other)
+    (tmp_path / "model.pt").unlink()
+    r = subprocess.run(
+        _train_cmd(shards, tmp_path, cfg, launch=("--gpus", "0", "--cpu-processes", "2")),
+        env=snakemake_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "not resumed, the run completed and its outputs were removed" in r.stderr
 
 
 def test_checkpoint_of_another_configuration_is_not_resumed(shards, tmp_path):

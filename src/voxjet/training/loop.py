@@ -205,6 +205,10 @@ class Trainer:
         does not (identity.refusal) is moved aside and the run starts afresh."""
         saved = checkpoint.load(self.last_path)
         why = identity.refusal(saved, self.fingerprint, self.s.steps, self.ckpt_dir)
+        if self.rt.distributed:
+            # every rank decides on the same files: none may look after rank 0 moved them
+            # aside (the late one saw no checkpoint, skipped the barrier below and hung)
+            dist.barrier()
         if why is not None:
             if self.rt.is_main:
                 moved = identity.move_aside(self.ckpt_dir)

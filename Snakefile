@@ -26,6 +26,7 @@ include: "workflow/rules/shard.smk"
 include: "workflow/rules/preprocess.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/plan.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/predict.smk"
 

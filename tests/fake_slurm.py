@@ -255,6 +255,7 @@ SACCT_FIELDS = {
     "reqmem": lambda j: "1000M",
     # what a site with energy accounting reports (joules); empty where it has none
     "consumedenergy": lambda j: os.environ.get("FAKE_SLURM_ENERGY_J", ""),
+    "consumedenergyraw": lambda j: os.environ.get("FAKE_SLURM_ENERGY_J", ""),
     "exitcode": lambda j: f"{j.get('exit_code', 0)}:0",
 }
 

@@ -29,6 +29,7 @@ COMMANDS = {
     "restage": "snakemake --forcerun stage --until stage",
     "aggregate": "voxjet aggregate --from-config config/config.yaml --out results/summary",
     "predict": "snakemake --until predict",
+    "plan": "snakemake --until plan_runs",
 }
 # run by make itself (CI runs `make test`; the others are Makefile targets checked by test_readme)
 MAKE = {"make demo", "make test", "make dev-venv", "make lint", "make test-fast"}

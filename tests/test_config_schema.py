@@ -15,6 +15,7 @@ from voxjet.io.fetch import FetchConfig
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.shard import JetDataConfig
 from voxjet.jets.synth import ToyJetsConfig
+from voxjet.planner.plan import Site
 from voxjet.training.loop import TrainSettings
 from voxjet.volumes.preprocess import VolumePrepConfig
 from voxjet.volumes.synth import ToyVolumesConfig
@@ -44,6 +45,7 @@ def field_defaults(cls) -> dict:
         (TrainSettings, "$defs/train"),
         (JetDataConfig, "$defs/jets_data"),
         (VolumePrepConfig, "$defs/volumes_data"),
+        (Site, "properties/site"),
     ],
 )
 def test_config_dataclasses_have_the_schemas_keys_and_defaults(cls, pointer):

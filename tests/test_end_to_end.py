@@ -82,10 +82,14 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     assert "| device_hours | energy_kwh | peak_memory_gib |" in summary
     assert "Energy not measured: no GPU, so no NVML" in summary
     # every rule left a log and a benchmark
-    # 25 jobs besides one preprocess_case job for each of the 7 cases
+    # 26 jobs besides one preprocess_case job for each of the 7 cases
     assert len(list((workflow_dir / "logs" / "preprocess_case").rglob("*.log"))) == 7
-    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 25 + 7
-    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 25 + 7
+    assert len(list((workflow_dir / "logs").rglob("*.log"))) == 26 + 7
+    assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 26 + 7
+    # the planner profiled the runs before training; the summary sets its predictions beside
+    # what the runs measured (pfn's scaling study included)
+    assert "## The planner against the runs" in summary and "| pfn_scale-2 | 2 |" in summary
+    assert (workflow_dir / "results" / "plan" / "runs.md").is_file()
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}
 
@@ -99,7 +103,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     again = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     assert "Nothing to be done" in again.stdout + again.stderr
     # README's other plain runs: nothing left to do
-    for command in (README["keep-going"], README["gpu-resources"]):
+    for command in (README["keep-going"], README["gpu-resources"], README["plan"]):
         done = run_snakemake(workflow_dir, *command[1:])
         assert done.returncode == 0 and "Nothing to be done" in _out(done), _out(done)[-2000:]
     agg = subprocess.run(README["aggregate"], cwd=workflow_dir, env=snakemake_env(),
@@ -216,7 +220,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     retrain = run_snakemake(workflow_dir, *README["rerun-train"][1:], "-n")
     assert retrain.returncode == 0, retrain.stderr[-3000:]
     jobs = job_counts(_out(retrain))
-    assert jobs["train_jets"] == 4 and {"evaluate_jets", "aggregate"} <= set(jobs)
+    assert jobs["train_jets"] == 6 and {"evaluate_jets", "aggregate"} <= set(jobs)
     assert "train_seg" not in jobs
 
 

@@ -4,6 +4,7 @@ before a time limit, and the whole workflow through `--executor slurm` with the 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import subprocess
@@ -165,6 +166,7 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp_path):
     env, state = fake_slurm
     yaml_config(workflow_dir)
+    env = {**env, "FAKE_SLURM_ENERGY_J": "36000"}  # a site whose sacct records energy
     r = run_snakemake(workflow_dir, *README["slurm-run"][1:], env=speedy(env, tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     submitted = {}
@@ -208,6 +210,10 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
     assert torch.load(runs / "pfn-2node" / "model.pt", weights_only=True)["world_size"] == 2
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
     assert "| pfn-2node" in summary and "| unet" in summary
+    # what each job cost: the energy its sacct record holds (36 kJ = 0.01 kWh), from sacct
+    rows = list(csv.DictReader(open(workflow_dir / "results" / "summary" / "metrics.csv")))
+    energy = {r["run"]: (float(r["value"]), r["note"]) for r in rows if r["metric"] == "energy_kwh"}
+    assert energy["pfn"] == (pytest.approx(0.01), "from sacct"), energy
     # the profile's efficiency report, from sacct, at the end
     assert list(workflow_dir.glob("efficiency_report_*.csv"))
     q = subprocess.run(README["squeue"], cwd=workflow_dir, env=env, capture_output=True, text=True)
@@ -332,6 +338,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
         [
             {k: v for k, v in r.items() if k not in {"time", "jets_per_s", "data_wait_fraction"}}
             for r in read_metrics(runs / name / "metrics.jsonl")
+            if "cost" not in r  # what the sessions cost differs; what they trained may not
         ]
         for name in ("pfn-a", "pfn-b")
     )

@@ -27,6 +27,7 @@ DEMO_JOBS = {
     "evaluate_jets": 4,
     "evaluate_seg": 2,
     "list_runs": 1,
+    "plan_runs": 1,
     "aggregate": 1,
     "all": 1,
 }
@@ -143,7 +144,14 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
     r = run_snakemake(workflow_dir, "-n", "-p", "--configfile", str(c), "--replace-workflow-config")
     assert r.returncode == 0, r.stdout + r.stderr
     counts = job_counts(r.stdout)
-    assert set(counts) == {"train_jets", "evaluate_jets", "list_runs", "aggregate", "all"}, counts
+    assert set(counts) == {
+        "train_jets",
+        "evaluate_jets",
+        "plan_runs",
+        "list_runs",
+        "aggregate",
+        "all",
+    }, counts
     assert "--shards s3://my-bucket/jetclass/shards --read" in r.stdout
 
 

@@ -161,6 +161,14 @@ def _export(a: argparse.Namespace) -> None:
     export_model(a.model, a.format, a.out)
 
 
+def _plan_runs(a: argparse.Namespace) -> None:
+    from voxjet.planner.plan import Site, plan_runs
+
+    site = from_dict(Site, parse_json_arg(a.site, "--site"), "site")
+    out = plan_runs(parse_json_arg(a.runs, "--runs"), site, a.out)
+    print(f"{len(out['runs'])} runs planned into {a.out}/runs.md", file=sys.stderr)
+
+
 def _aggregate(a: argparse.Namespace) -> None:
     from voxjet.report.aggregate import RunInfo, aggregate, runs_from_config
 
@@ -170,7 +178,7 @@ def _aggregate(a: argparse.Namespace) -> None:
         runs = runs_from_config(a.from_config, a.schema)
     else:
         raise VoxjetError("aggregate: give --runs (what the workflow passes) or --from-config")
-    out = aggregate(runs, a.out, a.benchmarks)
+    out = aggregate(runs, a.out, a.benchmarks, a.plan)
     if out["missing"]:
         print(f"runs without metrics (listed as missing): {out['missing']}", file=sys.stderr)
 
@@ -369,8 +377,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the workflow's config schema (its defaults decide run names), for --from-config",
     )
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
+    s.add_argument("--plan", default=None, help="the planner's runs.json, checked against the "
+                   "throughput the runs measured")  # fmt: skip
     s.add_argument("--out", required=True)
     s.set_defaults(func=_aggregate)
+
+    s = sub.add_parser("plan-runs", help="profile each run on one device, predict its step time "
+                       "at each size, allocate a sweep to a GPU budget")  # fmt: skip
+    s.add_argument("--runs", required=True, help="JSON (or @file) list of runs: run, "
+                   "experiment, domain, data, read, config, processes, threads")  # fmt: skip
+    s.add_argument("--site", default="{}", help="the config's site: section as JSON")
+    s.add_argument("--out", required=True, help="folder for runs.json and runs.md")
+    s.set_defaults(func=_plan_runs)
     return p
 
 

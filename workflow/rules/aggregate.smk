@@ -26,6 +26,7 @@ rule list_runs:
 rule aggregate:
     input:
         runs=rules.list_runs.output[0],
+        plan=rules.plan_runs.output.json,
         evals=eval_targets(),
         train_logs=train_logs(),
     output:
@@ -59,4 +60,4 @@ rule aggregate:
         ENV
     shell:
         "voxjet aggregate --runs @{input.runs:q} --out results/summary"
-        " --benchmarks results/benchmarks > {log} 2>&1"
+        " --benchmarks results/benchmarks --plan {input.plan:q} > {log} 2>&1"

@@ -4,6 +4,7 @@ import hashlib
 import json
 import re
 import shlex
+import types
 
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
@@ -332,3 +333,36 @@ def train_logs():
 def aggregate_runs():
     """What the aggregate step needs to know about every run (list_runs writes it to a file)."""
     return [dataclasses.asdict(i) for i in run_infos(RUNS.values())]
+
+
+def _run_processes(run):
+    launch = {**config["experiments"][run.experiment]["launch"], **run.launch}
+    per_node = launch["gpus"] if launch["gpus"] > 0 else launch["cpu_processes"]
+    return per_node * launch["nodes"], launch["gpus"] > 0, launch["threads"]
+
+
+def plan_inputs():
+    """The prepared data of every dataset a run trains on (the planner profiles real batches)."""
+    out = set()
+    for r in RUNS.values():
+        if not prepared(r.dataset):
+            made = rules.index_jets.output[0] if r.domain == "jets" else rules.gather_cases.output[0]
+            out.add(made.format(dataset=r.dataset))
+    return sorted(out)
+
+
+def plan_run_list():
+    """What the planner needs of every run (scaling runs too: their measured rates check it)."""
+    out = []
+    for r in RUNS.values():
+        processes, gpu, threads = _run_processes(r)
+        where = types.SimpleNamespace(dataset=r.dataset)
+        out.append({"run": r.run_id, "experiment": r.experiment, "domain": r.domain,
+                    "data": data_location(where), "read": dataset_cfg(r.dataset)["read"],
+                    "config": r.config, "processes": processes, "gpu": gpu, "threads": threads})
+    return out
+
+
+def plan_gpus():
+    """The planner profiles on one GPU when any run trains on GPUs."""
+    return int(any(_run_processes(r)[1] for r in RUNS.values()))

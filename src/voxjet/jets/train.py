@@ -162,12 +162,19 @@ def run(
     """Train one run of a jet experiment into `out_dir` (shards from a folder or a URL, read
     with the dataset's `read:` settings)."""
     rt = init_runtime()
-    s = TrainSettings(**run_config.get("train", {}))
-    s.batch_size = s.batch_size or JET_BATCH_SIZE
-    model_cfg = dict(run_config.get("model", {}))
     try:
-        task = JetTask(shard_dir, model_cfg, s, ReadOptions.from_config(read))
-        task.experiment = run_config.get("experiment", "")
+        task, s = make_task(shard_dir, run_config, read)
         return train(task, s, out_dir, rt, rate_key="jets_per_s")
     finally:
         shutdown(rt)
+
+
+def make_task(shard_dir: str, run_config: dict[str, Any],
+              read: dict | None = None) -> tuple[JetTask, TrainSettings]:  # fmt: skip
+    """The task and settings a run config describes (for training, and for the planner's
+    profile of one step)."""
+    s = TrainSettings(**run_config.get("train", {}))
+    s.batch_size = s.batch_size or JET_BATCH_SIZE
+    task = JetTask(shard_dir, dict(run_config.get("model", {})), s, ReadOptions.from_config(read))
+    task.experiment = run_config.get("experiment", "")
+    return task, s

@@ -188,6 +188,43 @@ def scaling_studies(runs: list[RunInfo]) -> dict[tuple[str, str, str], dict[str,
             if len({p.processes for p in v}) >= 2}  # fmt: skip
 
 
+def planner_check(runs: list[RunInfo], plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each run's predicted throughput at its own size beside the one its training measured
+    (steady windows), with the relative error."""
+    from voxjet.report.scaling import steady_rate
+
+    predicted = {p["run"]: next((r for r in p["predictions"] if r.get("own")), None)
+                 for p in plan.get("runs", [])}  # fmt: skip
+    out = []
+    for r in runs:
+        pred = predicted.get(r.run)
+        measured = steady_rate(_train_log(r)) if Path(r.train_metrics).is_file() else None
+        if pred is None or measured is None:
+            continue
+        out.append({"run": r.run, "processes": pred["processes_total"], "unit": measured[1],
+                    "predicted": pred["items_per_s"], "measured": measured[0],
+                    "error": pred["items_per_s"] / measured[0] - 1})  # fmt: skip
+    return out
+
+
+def planner_check_markdown(check: list[dict[str, Any]]) -> str:
+    """summary.md's section on how far the planner's predictions were from the runs."""
+    if not check:
+        return ""
+    out = ["", "## The planner against the runs", "",
+           "Throughput each run was predicted to reach at its own size (results/plan/runs.md) "
+           "beside what its training measured.", "",
+           "| run | processes | predicted | measured | error |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for c in check:
+        out.append(f"| {c['run']} | {c['processes']} | {c['predicted']:.4g} {c['unit']}/s | "
+                   f"{c['measured']:.4g} {c['unit']}/s | {100 * c['error']:+.0f}% |")  # fmt: skip
+    errs = [abs(c["error"]) for c in check]
+    out += ["", f"Mean absolute error {100 * sum(errs) / len(errs):.0f}% over {len(errs)} runs.",
+            ""]  # fmt: skip
+    return "\n".join(out)
+
+
 def _train_log(r: RunInfo) -> list[dict[str, Any]]:
     return read_metrics(r.train_metrics) if Path(r.train_metrics).is_file() else []
 
@@ -480,7 +517,10 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
 
 
 def aggregate(
-    runs: list[RunInfo], out_dir: str | os.PathLike, benchmarks: str | None = None
+    runs: list[RunInfo],
+    out_dir: str | os.PathLike,
+    benchmarks: str | None = None,
+    plan: str | None = None,
 ) -> dict[str, Any]:
     """Write metrics.csv, summary.md and figures/ into `out_dir` (each atomically)."""
     out = Path(out_dir)
@@ -499,6 +539,8 @@ def aggregate(
         w.writeheader()
         w.writerows(rows)
     md = summary_markdown(rows, missing, data_notes(runs), studies)
+    if plan and Path(plan).is_file():
+        md += planner_check_markdown(planner_check(runs, json.loads(Path(plan).read_text())))
     if names:
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:

@@ -74,7 +74,8 @@ def sacct_joules(job_id: str) -> tuple[float | None, str]:
     """ConsumedEnergyRaw (joules) SLURM has recorded for the job so far, or None and why."""
     try:
         out = subprocess.run(
-            ["sacct", "-j", job_id, "--noheader", "--parsable2", "-o", "JobID,ConsumedEnergyRaw"],
+            ["sacct", "-j", job_id, "--noheader", "--parsable2",
+             "--format=JobID,ConsumedEnergyRaw"],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -153,8 +154,10 @@ class Session:
             except Exception:  # a reading lost is a reading lost, not a failed run
                 pass
 
-    def snapshot(self, device: Any) -> dict[str, Any]:
-        """This process's measurements so far (plain values: gathered over ranks)."""
+    def snapshot(self, device: Any, energy: bool = True) -> dict[str, Any]:
+        """This process's measurements so far (plain values: gathered over ranks); without
+        `energy` the energy is left unread (a periodic checkpoint: a session killed after it
+        has no reading, and says so)."""
         import torch
 
         wall = time.monotonic() - self.t0
@@ -170,7 +173,12 @@ class Session:
                                              * 1024)  # fmt: skip
             rec["utilisation"] = min(1.0, (_cpu_seconds() - self.cpu0) / max(wall * self.cores,
                                                                                1e-9))  # fmt: skip
-        rec["energy_j"], rec["energy_source"], rec["energy_missing"] = self._energy()
+        if energy:
+            rec["energy_j"], rec["energy_source"], rec["energy_missing"] = self._energy()
+        else:
+            rec.update(energy_j=None, energy_source="",
+                       energy_missing="the session ended without a reading (killed after a "
+                       "periodic checkpoint)")  # fmt: skip
         return rec
 
     def _energy(self) -> tuple[float | None, str, str]:

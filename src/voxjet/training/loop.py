@@ -121,7 +121,8 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _optimizer(params, s: TrainSettings, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params, s: TrainSettings, lr: float) -> torch.optim.Optimizer:
+    """The run's optimiser (AdamW, or SGD with Nesterov momentum as nnU-Net trains)."""
     if s.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=s.weight_decay)
     if s.optimizer == "sgd":  # nnU-Net's recipe
@@ -191,7 +192,7 @@ class Trainer:
         model = self.task.build_model().to(rt.device)
         data_parallel = rt.world_size // max(1, s.pipeline_stages)
         lr = s.lr * (data_parallel if s.scale_lr_with_world else 1)
-        opt = _optimizer(model.parameters(), s, lr)
+        opt = make_optimizer(model.parameters(), s, lr)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda step: multiplier(s.schedule, step, self.horizon, s.warmup_steps)
         )
@@ -368,14 +369,15 @@ class Trainer:
                     {"model": state.model.state_dict(), "step": state.step, "score": state.best},
                 )
 
-    def save_checkpoint(self, state: TrainState) -> None:
+    def save_checkpoint(self, state: TrainState, final: bool = False) -> None:
         """checkpoints/last.pt: weights, optimiser, schedule, every rank's RNG and loss window,
         the loader position. Refuses to keep weights a non-finite loss has touched."""
         rt = self.rt
         window = (float(state.loss_sum), state.loss_count)
         if int(state.nonfinite.item()):
             self._nonfinite(state)
-        mine = (checkpoint.rng_state(), window, self.meter.snapshot(rt.device))
+        # energy is read (sacct asks the cluster's database) only when the session ends here
+        mine = (checkpoint.rng_state(), window, self.meter.snapshot(rt.device, energy=final))
         ranks = [mine]
         if rt.distributed:
             ranks = [None] * rt.world_size
@@ -407,7 +409,7 @@ class Trainer:
 
     def stop_preempted(self, state: TrainState, signum: int | None) -> None:
         """Checkpoint and exit with the code that makes a rerun or requeue resume."""
-        self.save_checkpoint(state)
+        self.save_checkpoint(state, final=True)
         if self.rt.is_main:
             print(
                 f"preempted by signal {signum}: checkpoint at step {state.step} in "
@@ -535,7 +537,7 @@ class Trainer:
         if (s.eval_every and state.step % s.eval_every == 0) or last:
             self.validate(state)
         if (s.checkpoint_every and state.step % s.checkpoint_every == 0) or last:
-            self.save_checkpoint(state)
+            self.save_checkpoint(state, final=last)
         timer.other_done()  # validation and checkpoints are not data wait
         if stop:
             self.stop_preempted(state, preempt.signum)

@@ -216,14 +216,22 @@ def run(
 ) -> dict[str, Any]:
     """Train one run of a segmentation experiment into `out_dir` (case files from a folder or
     a URL, read with the dataset's `read:` settings)."""
-    opts = ReadOptions.from_config(read)
     rt = init_runtime()
-    s = TrainSettings(**run_config.get("train", {}))
-    if s.batch_size is None:  # the plan's, from the GPU memory budget
-        s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     try:
-        task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)
-        task.experiment = run_config.get("experiment", "")
+        task, s = make_task(cases_dir, run_config, read)
         return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)
+
+
+def make_task(cases_dir: str, run_config: dict[str, Any],
+              read: dict | None = None) -> tuple[SegTask, TrainSettings]:  # fmt: skip
+    """The task and settings a run config describes (for training, and for the planner's
+    profile of one step)."""
+    opts = ReadOptions.from_config(read)
+    s = TrainSettings(**run_config.get("train", {}))
+    if s.batch_size is None:  # the plan's, from the GPU memory budget
+        s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
+    task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)
+    task.experiment = run_config.get("experiment", "")
+    return task, s

@@ -1,0 +1,162 @@
+"""The planner: DDP's buckets and ring all-reduce, overlap with backward, the loader and the
+pipeline bubble as pure functions; a real profile of a run on this CPU into runs.json/runs.md;
+the sweep allocation choosing experiment or data parallelism by how well runs scale."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from voxjet.errors import VoxjetError
+from voxjet.planner import plan as plan_module
+from voxjet.planner.allocate import allocate, makespan
+from voxjet.planner.model import (
+    DDP_BUCKET_BYTES,
+    Links,
+    Profile,
+    buckets,
+    predict_pipeline_step,
+    predict_step,
+    ring_allreduce_s,
+)
+from voxjet.planner.plan import Site, plan_runs
+
+LINKS = Links(intra_bw=1e9, inter_bw=1e8, latency_s=1e-5)
+
+
+def test_buckets_are_ddps_and_add_up_to_the_gradients():
+    grads = 60 * 2**20
+    b = buckets(grads)
+    assert b[0] == 2**20 and b[1] == DDP_BUCKET_BYTES and sum(b) == grads and len(b) == 4
+    assert buckets(1000) == [1000] and buckets(0) == []
+
+
+def test_ring_allreduce_moves_twice_the_data_less_a_share():
+    # 2(n-1) steps of bytes/n each: 4 processes, 1 GB at 1 GB/s → 1.5 s plus 6 latencies
+    assert ring_allreduce_s(1e9, 4, 1e9, 1e-3) == pytest.approx(1.5 + 6e-3)
+    assert ring_allreduce_s(1e9, 1, 1e9, 1e-3) == 0.0
+
+
+def test_backward_hides_communication_until_the_link_is_the_bottleneck():
+    small = Profile(0.01, 0.02, 0.005, grad_bytes=4e6, batch=128)
+    alone = predict_step(small, 1, 1, LINKS)
+    assert alone.step_s == pytest.approx(0.035) and alone.exposed_comm_s == 0
+    two = predict_step(small, 2, 1, LINKS)
+    # 4 MB: a 1 MiB bucket, then the rest; only what follows the end of backward is paid
+    assert 0 < two.exposed_comm_s < two.comm_s
+    assert two.items_per_s == pytest.approx(2 * 128 / two.step_s)
+    across = predict_step(small, 2, 2, LINKS)  # the slower link between nodes
+    assert across.exposed_comm_s > two.exposed_comm_s
+    big = Profile(0.01, 0.02, 0.005, grad_bytes=4e9, batch=128)
+    slow = predict_step(big, 4, 1, LINKS)
+    assert slow.exposed_comm_s == pytest.approx(slow.comm_s - 0.02, rel=0.05)
+
+
+def test_a_slow_loader_bounds_the_step():
+    p = Profile(0.01, 0.02, 0.005, grad_bytes=1e6, batch=128, loader_batches_per_s=10)
+    pred = predict_step(p, 1, 1, LINKS)
+    assert pred.loader_bound and pred.step_s == pytest.approx(0.1)
+
+
+def test_pipeline_step_carries_the_bubble():
+    p = Profile(0.4, 0.8, 0.0, grad_bytes=0, batch=2)
+    # 2 stages, 4 micro-batches: each stage computes half, stretched by (M+K-1)/M = 5/4
+    assert predict_pipeline_step(p, 2, 4) == pytest.approx(0.6 * 5 / 4)
+
+
+def test_allocation_takes_one_gpu_a_run_when_runs_scale_poorly_and_more_when_well():
+    def times(eff: float) -> dict[str, dict[int, float]]:
+        # 8 runs of 8 h on one GPU; at n GPUs 8 h / (n · eff^log2 n)
+        return {f"r{i}": {n: 8 * 3600 / (n * eff ** (n.bit_length() - 1)) for n in (1, 2, 4, 8)}
+                for i in range(8)}  # fmt: skip
+
+    poor = allocate(times(0.6), budget=8)
+    assert poor["choice"] == 1 and {o["processes"] for o in poor["options"]} == {1, 2, 4, 8}
+    one = next(o for o in poor["options"] if o["processes"] == 1)
+    assert one["slots"] == 8 and one["makespan_s"] == pytest.approx(8 * 3600)
+    # 4 runs, 8 GPUs: perfect scaling makes 2 GPUs a run as fast and no dearer
+    few = {k: v for k, v in list(times(1.0).items())[:4]}
+    assert allocate(few, budget=8)["choice"] == 2
+    assert makespan([5, 4, 3, 3, 3], 2) == 10  # longest first: 5+3 and 4+3+3
+    assert allocate({}, 8)["choice"] is None
+
+
+def _runs(shards, **train):
+    cfg = {"model": {"name": "pfn", "phi_sizes": [32, 32], "f_sizes": [32]},
+           "train": {"steps": 100, "batch_size": 64, "lr": 1e-3, **train}}  # fmt: skip
+    return [
+        {"run": "pfn_a", "experiment": "pfn", "domain": "jets", "data": str(shards), "read": {},
+         "config": cfg, "processes": 1, "threads": 1},
+        {"run": "pfn_b", "experiment": "pfn", "domain": "jets", "data": str(shards), "read": {},
+         "config": {**cfg, "train": {**cfg["train"], "lr": 3e-3}}, "processes": 2,
+         "threads": 1},
+    ]  # fmt: skip
+
+
+def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards, tmp_path,
+                                                                        monkeypatch):  # fmt: skip
+    calls = []
+    real = plan_module.profile_task
+    monkeypatch.setattr(plan_module, "profile_task",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))  # fmt: skip
+    out = plan_runs(_runs(shards), Site(gpu_budget=4, cores_per_node=2), tmp_path / "plan")
+    assert len(calls) == 1  # the two runs differ only in learning rate
+    saved = json.loads((tmp_path / "plan" / "runs.json").read_text())
+    assert saved == json.loads(json.dumps(out))
+    a, b = saved["runs"]
+    prof = a["profile"]
+    assert prof["forward_s"] > 0 and prof["backward_s"] > 0 and prof["batch"] == 64
+    assert prof["grad_bytes"] == 4 * sum(p.numel() for p in _pfn(shards).parameters())
+    sizes = [r["processes_total"] for r in a["predictions"]]
+    assert sizes == [1, 2, 4]
+    assert [r["own"] for r in a["predictions"]] == [True, False, False]
+    assert [r["own"] for r in b["predictions"]] == [False, True, False]
+    for r in a["predictions"]:
+        assert r["time_to_steps_s"] == pytest.approx(100 * r["step_s"])
+        assert r["energy_kwh"] is None  # no site.device_power_w: not predicted
+    # 4 processes on 2 cores share them: no faster than 2
+    assert a["predictions"][2]["items_per_s"] <= a["predictions"][1]["items_per_s"] * 1.01
+    assert saved["allocation"]["choice"] in (1, 2, 4)
+    md = (tmp_path / "plan" / "runs.md").read_text()
+    assert "## pfn_a (100 steps)" in md and "Sweep allocation for a budget of 4 GPUs" in md
+
+
+def _pfn(shards):
+    from voxjet.jets.train import make_task
+
+    task, _ = make_task(str(shards), {"model": {"name": "pfn", "phi_sizes": [32, 32],
+                                                "f_sizes": [32]}, "train": {}})  # fmt: skip
+    return task.build_model()
+
+
+def test_a_run_whose_step_does_not_fit_is_named(shards, tmp_path, monkeypatch):
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(plan_module, "profile_task", oom)
+    with pytest.raises(VoxjetError, match=r"run pfn_a: one training step does not fit the "
+                                          r"device .* lower train.batch_size"):  # fmt: skip
+        plan_runs(_runs(shards), Site(), tmp_path / "plan")
+    assert not (tmp_path / "plan" / "runs.json").exists()
+
+
+def test_the_summary_sets_predictions_beside_measured_throughput(tmp_path):
+    from voxjet.report.aggregate import RunInfo, aggregate
+
+    d = tmp_path / "pfn"
+    (d / "eval").mkdir(parents=True)
+    (d / "eval" / "metrics.json").write_text('{"accuracy": 0.8, "auc_macro": 0.9}')
+    lines = [{"step": 10 * k, "loss": 1.0, "jets_per_s": 1000.0} for k in range(1, 6)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    plan = {"runs": [{"run": "pfn", "predictions": [
+        {"processes_total": 1, "items_per_s": 1100.0, "own": True},
+        {"processes_total": 2, "items_per_s": 2000.0, "own": False}]}]}  # fmt: skip
+    (tmp_path / "runs.json").write_text(json.dumps(plan))
+    run = RunInfo("ds", "jets", "pfn", "pfn", str(d / "eval" / "metrics.json"),
+                  str(d / "metrics.jsonl"))  # fmt: skip
+    aggregate([run], tmp_path / "summary", plan=str(tmp_path / "runs.json"))
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "| pfn | 1 | 1100 jets/s | 1000 jets/s | +10% |" in md
+    assert "Mean absolute error 10% over 1 runs." in md

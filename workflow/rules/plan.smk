@@ -1,0 +1,27 @@
+# Before training: each run profiled for a few steps on one device, its step time predicted at
+# the sizes the site allows, and a sweep allocated to the GPU budget → results/plan/runs.{json,md}
+# (`snakemake --until plan_runs`). The aggregate checks the predictions against what trained.
+
+
+rule plan_runs:
+    input:
+        plan_inputs(),
+    output:
+        json="results/plan/runs.json",
+        md=report("results/plan/runs.md", caption="../report/plan.rst", category="Plan"),
+    params:
+        runs=plan_run_list(),
+        site=config["site"],
+    log:
+        "logs/plan_runs/plan_runs.log",
+    benchmark:
+        "results/benchmarks/plan_runs/plan_runs.tsv"
+    threads: 1
+    resources:
+        gpu=plan_gpus(),
+        mem_mb=8000,
+        runtime=30,
+    conda:
+        ENV
+    script:
+        "../scripts/plan_runs.py"

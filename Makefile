@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 CORES ?= all
 BIN := $(VENV)/bin
 RUN := PATH="$(abspath $(BIN)):$$PATH"
-PYTEST := $(RUN) $(BIN)/python -m pytest -q --strict-markers --durations=15
+PYTEST := $(RUN) $(BIN)/python -m pytest -q --strict-markers --durations=15 -n 2 --dist loadfile
 
 # PyPI's Linux torch wheel is a multi-GB CUDA build. Machines without a GPU take the CPU build:
 # from a local wheel when pip already sees one (find-links), else from PyTorch's CPU index.
@@ -63,7 +63,10 @@ lint: dev-venv
 	$(BIN)/ruff format --check src tests benchmarks
 	$(RUN) $(BIN)/snakemake --lint
 
-# the whole suite (CI: .ci/run); `make test-fast` leaves out the end-to-end runs (marker slow)
+# the whole suite (CI: .ci/run); `make test-fast` leaves out the end-to-end runs (marker slow).
+# Two pytest workers, a test file each at a time: the workflow tests spend much of their time
+# waiting on subprocesses (Snakemake, torchrun, the fake SLURM's polling), and a file's session
+# fixtures and fake SLURM job numbers stay in one process
 test: lint
 	$(PYTEST) $(TEST_ARGS)
 

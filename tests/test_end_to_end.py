@@ -128,12 +128,13 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     cfg["experiments"]["particlenet"].pop("repeats")
     write_config(tiny, cfg)
 
-    # a change of a training setting reruns that experiment's runs, not the data stages
+    # a change of a training setting reruns that experiment's runs (and the planner, which
+    # profiles the runs as configured), not the data stages
     cfg = yaml.safe_load(tiny.read_text())
     cfg["experiments"]["unet"]["train"]["weight_decay"] = 0.001
     write_config(tiny, cfg)
     jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
-    assert set(jobs) - {"all"} == {"train_seg", "evaluate_seg", "aggregate"}, jobs
+    assert set(jobs) - {"all"} == {"train_seg", "evaluate_seg", "plan_runs", "aggregate"}, jobs
     assert jobs["train_seg"] == 2  # both runs of the unet sweep
 
     # a change of the shard config reshards and retrains the jets, but does not restage
@@ -141,7 +142,8 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 24
     write_config(tiny, cfg)
     jobs = job_counts(_out(run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))))
-    expected = {"shard_jets", "index_jets", "train_jets", "evaluate_jets", "aggregate"}
+    expected = {"shard_jets", "index_jets", "train_jets", "evaluate_jets", "plan_runs",
+                "aggregate"}  # fmt: skip
     assert set(jobs) - {"all"} == expected, jobs
     assert jobs["train_jets"] == 6
     cfg["datasets"]["toy_jets"]["jets"]["max_particles"] = 32  # back to what was run

@@ -58,6 +58,9 @@ def test_a_slow_loader_bounds_the_step():
     p = Profile(0.01, 0.02, 0.005, grad_bytes=1e6, batch=128, loader_batches_per_s=10)
     pred = predict_step(p, 1, 1, LINKS)
     assert pred.loader_bound and pred.step_s == pytest.approx(0.1)
+    # on a CPU the loader shares the cores: its time adds to the step's
+    cpu = predict_step(p, 1, 1, LINKS, loader_overlaps=False)
+    assert cpu.step_s == pytest.approx(0.035 + 0.1) and not cpu.loader_bound
 
 
 def test_pipeline_step_carries_the_bubble():

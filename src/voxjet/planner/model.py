@@ -77,10 +77,13 @@ def link_for(nodes: int, links: Links) -> tuple[float, float]:
     return links.intra_bw, links.latency_s
 
 
-def predict_step(p: Profile, processes: int, nodes: int, links: Links) -> Prediction:
+def predict_step(p: Profile, processes: int, nodes: int, links: Links,
+                 loader_overlaps: bool = True) -> Prediction:  # fmt: skip
     """Step time at `processes` a node × `nodes`: forward, then backward with the buckets'
     all-reduces overlapping it (a bucket reduces once backward has produced it; the last one
-    only after backward ends), then the optimiser; never faster than the loader."""
+    only after backward ends), then the optimiser; never faster than the loader, which runs
+    beside the step (`loader_overlaps`: GPUs, whose loaders have the CPU) or adds to it (a CPU
+    run whose cores the loader shares)."""
     n = processes * nodes
     bw, lat = link_for(nodes, links)
     times = [ring_allreduce_s(b, n, bw, lat) for b in buckets(p.grad_bytes)]
@@ -95,9 +98,11 @@ def predict_step(p: Profile, processes: int, nodes: int, links: Links) -> Predic
     step = compute + exposed
     loader_bound = False
     if p.loader_batches_per_s:
-        floor = 1.0 / p.loader_batches_per_s  # each process's loader feeds its own batches
-        if floor > step:
-            step, loader_bound = floor, True
+        load = 1.0 / p.loader_batches_per_s  # each process's loader feeds its own batches
+        if not loader_overlaps:
+            step += load
+        elif load > step:
+            step, loader_bound = load, True
     return Prediction(processes, nodes, step, compute, exposed, sum(times), loader_bound,
                       n * p.batch / step)  # fmt: skip
 

@@ -127,13 +127,14 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
             pred = Prediction(per_node, nodes, step, step, 0.0, 0.0, False,
                               (n // stages) * profile.batch / step)  # fmt: skip
         else:
-            pred = predict_step(profile, per_node, nodes, site.links())
+            pred = predict_step(profile, per_node, nodes, site.links(), loader_overlaps=gpu)
             if not gpu:
                 each = max(1, threads // per_node)
                 slow = threads / each
                 if site.cores_per_node and per_node * each > site.cores_per_node:
                     slow *= per_node * each / site.cores_per_node
-                pred.step_s += pred.compute_s * (slow - 1)
+                load = 1 / profile.loader_batches_per_s if profile.loader_batches_per_s else 0.0
+                pred.step_s += (pred.compute_s + load) * (slow - 1)
                 pred.compute_s *= slow
                 pred.items_per_s = n * profile.batch / pred.step_s
         seconds = pred.step_s * steps

@@ -239,6 +239,8 @@ def test_a_scaling_study_is_one_short_run_a_size_on_gpus_or_cpu_processes(demo_c
         ({"gpus": [4, 8]}, {"gpus_per_node": 4},
          r"experiments\.part\.scaling\.gpus': 8 GPUs a node, but site\.gpus_per_node is 4"),
         ({"gpus": [2]}, {}, r"all its sizes are \[2\] processes; a fit needs at least two"),
+        ({"gpus": [2, 4], "nodes": [1, 2]}, {"gpu_budget": 4},
+         r"its largest size is 8 GPUs, but site\.gpu_budget is 4"),
     ],
 )  # fmt: skip
 def test_scaling_studies_that_cannot_run_or_fit_are_refused(demo_config, scaling, site, match):

@@ -271,3 +271,39 @@ def test_a_model_that_does_not_fit_its_dataset_stops_the_dry_run(
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "Job stats" not in out
     assert message in out, out[-3000:]
+
+
+def test_a_sweep_on_auto_gpus_follows_the_planners_allocation(workflow_dir, shards, tmp_path):
+    """8 runs, `launch.gpus: auto`, a budget of 8 GPUs on nodes of 4: before the plan the dry
+    run waits for it (a checkpoint); with a plan that chose 8 GPUs a run, every job asks for
+    2 nodes of 4 GPUs; without a budget the config check refuses `auto`."""
+    exp = {"dataset": "prepared", "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
+           "train": {"steps": 6, "batch_size": 32},
+           "sweep": {"train.lr": [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2]},
+           "launch": {"gpus": "auto", "threads": 1}}  # fmt: skip
+    cfg = {"datasets": {"prepared": {"domain": "jets", "source": {"prepared": str(shards)}}},
+           "experiments": {"pfn": exp}, "site": {"gpu_budget": 8, "gpus_per_node": 4}}  # fmt: skip
+    path = write_config(tmp_path / "auto.yaml", cfg)
+    args = ("-n", "-p", "--configfile", str(path), "--replace-workflow-config")
+    before = run_snakemake(workflow_dir, *args)
+    assert before.returncode == 0, before.stderr[-3000:]
+    assert "checkpoint plan_runs" in before.stdout and job_counts(before.stdout)["plan_runs"] == 1
+    plan = workflow_dir / "results" / "plan" / "runs.json"
+    plan.parent.mkdir(parents=True)
+    options = [{"processes": n, "slots": 8 // n, "makespan_s": 3600.0 / n, "device_hours": 8.0}
+               for n in (1, 2, 4, 8)]  # fmt: skip
+    plan.write_text(json.dumps({"runs": [], "allocation": {"budget": 8, "choice": 8,
+                                                           "options": options}}))  # fmt: skip
+    after = run_snakemake(workflow_dir, *args)
+    assert after.returncode == 0, after.stderr[-3000:]
+    train = [b for b in after.stdout.split("\nrule ") if b.startswith("train_jets")]
+    assert len(train) == 8
+    for b in train:
+        assert "gpu=8" in b and "voxjet launch --gpus 4 --cpu-processes 1 --nodes 2" in b, b
+    del cfg["site"]["gpu_budget"]
+    refused = run_snakemake(workflow_dir, "-n", "--configfile",
+                            str(write_config(tmp_path / "nobudget.yaml", cfg)),
+                            "--replace-workflow-config")  # fmt: skip
+    assert refused.returncode != 0
+    assert "launch.gpus': auto takes the planner's sweep allocation, which needs " \
+           "site.gpu_budget" in refused.stdout + refused.stderr  # fmt: skip

@@ -106,22 +106,45 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                 f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
             )
         _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]])
-        _check_scaling(name, exp, (config.get("site") or {}).get("gpus_per_node"))
+        _check_scaling(name, exp, config.get("site") or {})
+        _check_auto(name, exp, config.get("site") or {})
 
 
-def _check_scaling(name: str, exp: Mapping[str, Any], gpus_per_node: int | None) -> None:
-    """A scaling study's GPUs a node within what a node has, its sizes more than one."""
+def on_gpus(launch: Mapping[str, Any]) -> bool:
+    """Whether a `launch:` section trains on GPUs (a number above 0, or the planner's choice)."""
+    gpus = launch.get("gpus", 1)
+    return gpus == "auto" or int(gpus) > 0
+
+
+def _check_auto(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -> None:
+    if exp.get("launch", {}).get("gpus") == "auto" and not site.get("gpu_budget"):
+        raise VoxjetError(
+            f"config key 'experiments.{name}.launch.gpus': auto takes the planner's sweep "
+            "allocation, which needs site.gpu_budget (the GPUs the sweep may use at once); "
+            "set it, or give a number of GPUs"
+        )
+
+
+def _check_scaling(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -> None:
+    """A scaling study's GPUs a node within what a node has and its sizes within the budget,
+    more than one size."""
     sc = exp.get("scaling")
     if not sc:
         return
+    gpus_per_node, budget = site.get("gpus_per_node"), site.get("gpu_budget")
     where = f"config key 'experiments.{name}.scaling"
-    gpu = int(exp.get("launch", {}).get("gpus", 1)) > 0
+    gpu = on_gpus(exp.get("launch", {}))
     if gpu and gpus_per_node and max(sc["gpus"]) > gpus_per_node:
         raise VoxjetError(
             f"{where}.gpus': {max(sc['gpus'])} GPUs a node, but site.gpus_per_node is "
             f"{gpus_per_node}; list at most {gpus_per_node} and add sizes with scaling.nodes"
         )
     sizes = {n * m for n in sc["gpus"] for m in sc.get("nodes", [1])}
+    if gpu and budget and max(sizes) > budget:
+        raise VoxjetError(
+            f"{where}': its largest size is {max(sizes)} GPUs, but site.gpu_budget is "
+            f"{budget}; leave that size out or raise the budget"
+        )
     if len(sizes) < 2:
         raise VoxjetError(f"{where}': all its sizes are {sorted(sizes)} processes; a fit needs "
                           "at least two")  # fmt: skip
@@ -337,7 +360,7 @@ def scaling_runs(name: str, exp: Mapping[str, Any], base: Mapping[str, Any],
     sc = exp.get("scaling")
     if not sc:
         return []
-    gpu = int(exp.get("launch", {}).get("gpus", 1)) > 0
+    gpu = on_gpus(exp.get("launch", {}))
     out = []
     for nodes in sc.get("nodes", [1]):
         for n in sc["gpus"]:

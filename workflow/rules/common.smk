@@ -2,11 +2,12 @@
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import shlex
 import types
 
-from snakemake.exceptions import WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
 from voxjet.config import check_config, check_sources, expand_runs, prediction_runs
@@ -249,9 +250,42 @@ def run_config(wildcards):
 
 
 def run_launch(wildcards):
-    """The experiment's `launch:`, with a scaling run's size over it."""
+    """The experiment's `launch:`, with a scaling run's size over it; `gpus: auto` as the
+    planner's allocation chose (read once plan_runs, a checkpoint, has run)."""
     run = RUNS[wildcards.run]
-    return {**config["experiments"][run.experiment]["launch"], **run.launch}
+    launch = {**config["experiments"][run.experiment]["launch"], **run.launch}
+    if launch["gpus"] == "auto":
+        try:
+            plan = checkpoints.plan_runs.get().output.json
+        except IncompleteCheckpointException:
+            # while the DAG is built: the plan as it stands, or one GPU shown in a dry run
+            # before there is one; either way the jobs wait for the plan (plan_for_auto) and
+            # Snakemake re-evaluates them with its choice once plan_runs has run
+            plan = rules.plan_runs.output.json
+            if not os.path.exists(plan):
+                launch["gpus"] = 1
+                return launch
+        launch.update(planned_launch(plan))
+    return launch
+
+
+def planned_launch(plan_json):
+    """GPUs a node and nodes for the planner's choice of GPUs a run."""
+    with open(plan_json) as f:
+        choice = (json.load(f).get("allocation") or {}).get("choice")
+    if not choice:
+        raise WorkflowError(f"{plan_json}: no allocation (is site.gpu_budget set?); give "
+                            "launch.gpus a number or rerun plan_runs")
+    per_node = config["site"]["gpus_per_node"] or choice
+    return {"gpus": min(choice, per_node), "nodes": -(-choice // per_node)}
+
+
+def plan_for_auto(wildcards):
+    """A run whose GPUs the planner chooses waits for the plan (the DAG is re-evaluated then)."""
+    run = RUNS[wildcards.run]
+    if config["experiments"][run.experiment]["launch"]["gpus"] != "auto":
+        return []
+    return [checkpoints.plan_runs.get().output.json]
 
 
 def run_evaluate(wildcards):
@@ -337,6 +371,8 @@ def aggregate_runs():
 
 def _run_processes(run):
     launch = {**config["experiments"][run.experiment]["launch"], **run.launch}
+    if launch["gpus"] == "auto":  # the planner decides it
+        return None, True, launch["threads"]
     per_node = launch["gpus"] if launch["gpus"] > 0 else launch["cpu_processes"]
     return per_node * launch["nodes"], launch["gpus"] > 0, launch["threads"]
 

@@ -5,6 +5,7 @@ rule evaluate_jets:
     input:
         data=data_input(rules.index_jets.output[0]),
         model=rules.train_jets.output.model,
+        plan=plan_for_auto,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
         predictions="results/{dataset}/runs/{run}/eval/predictions.h5",
@@ -55,6 +56,7 @@ rule evaluate_seg:
     input:
         data=data_input(rules.gather_cases.output[0]),
         model=rules.train_seg.output.model,
+        plan=plan_for_auto,
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
         overlays=report(

@@ -3,7 +3,7 @@
 # (`snakemake --until plan_runs`). The aggregate checks the predictions against what trained.
 
 
-rule plan_runs:
+checkpoint plan_runs:
     input:
         plan_inputs(),
     output:

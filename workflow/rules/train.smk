@@ -5,6 +5,7 @@
 rule train_jets:
     input:
         data=data_input(rules.index_jets.output[0]),
+        plan=plan_for_auto,
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -40,6 +41,7 @@ rule train_jets:
 rule train_seg:
     input:
         data=data_input(rules.gather_cases.output[0]),
+        plan=plan_for_auto,
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",

@@ -163,3 +163,16 @@ def test_the_summary_sets_predictions_beside_measured_throughput(tmp_path):
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert "| pfn | 1 | 1100 jets/s | 1000 jets/s | +10% |" in md
     assert "Mean absolute error 10% over 1 runs." in md
+
+
+def test_the_plan_runs_command_writes_the_plan(shards, tmp_path, capsys):
+    from voxjet.cli import main
+
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps(_runs(shards)[:1]))
+    assert main(["plan-runs", "--runs", f"@{runs}", "--site", '{"gpu_budget": 2}',
+                 "--out", str(tmp_path / "plan")]) == 0  # fmt: skip
+    saved = json.loads((tmp_path / "plan" / "runs.json").read_text())
+    assert saved["site"]["gpu_budget"] == 2 and saved["allocation"]["choice"] in (1, 2)
+    assert main(["plan-runs", "--runs", f"@{runs}", "--site", '{"gpus": 2}', "--out", "x"]) == 2
+    assert "site: unknown keys ['gpus']" in capsys.readouterr().err

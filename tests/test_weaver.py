@@ -223,6 +223,10 @@ def test_fine_tuning_a_weaver_network_trains_from_the_saved_weights(manifest, tm
     assert out["step"] == 12
     saved = torch.load(tmp_path / "run" / "model.pt", weights_only=False)
     assert saved["model_config"]["weaver_inputs"]["pf_features"]["vars"][0]["center"] == 1.7
+    from voxjet.export import export_model
+
+    with pytest.raises(VoxjetError, match="a weaver_part model is exported by weaver itself"):
+        export_model(tmp_path / "run" / "model.pt", "onnx", tmp_path / "export")
 
 
 def _refused(tmp_path, change, match):

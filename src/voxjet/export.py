@@ -130,6 +130,12 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
 
     model, saved = load_trained(model_path)
     cfg = saved["model_config"]
+    if str(cfg.get("name", "")).startswith("weaver_"):
+        raise VoxjetError(
+            f"{model_path}: a {cfg['name']} model is exported by weaver itself (`weaver "
+            "--export-onnx`, which builds its inference variant of the network); voxjet "
+            "exports pfn, particlenet, part and the U-Nets"
+        )
     tagger = Softmax(model.eval()).eval()
     n_features, length = (
         int(cfg["n_features"]),

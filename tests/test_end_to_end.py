@@ -77,7 +77,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
         assert 0.5 < m["baseline_jet_mass"]["auc_macro"] < 1
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
     assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png",
-            "jets-toy_jets-scaling-pfn.png"} <= figures  # fmt: skip
+            "jets-toy_jets-scaling-pfn.png", "pipeline-all-planner.png"} <= figures  # fmt: skip
     assert "### Scaling of pfn: T(n) = " in summary and "| pfn_scale-2 | 2 |" in summary
     assert "| device_hours | energy_kwh | peak_memory_gib |" in summary
     assert "Energy not measured: no GPU, so no NVML" in summary

@@ -163,6 +163,7 @@ def test_the_summary_sets_predictions_beside_measured_throughput(tmp_path):
     md = (tmp_path / "summary" / "summary.md").read_text()
     assert "| pfn | 1 | 1100 jets/s | 1000 jets/s | +10% |" in md
     assert "Mean absolute error 10% over 1 runs." in md
+    assert (tmp_path / "summary" / "figures" / "pipeline-all-planner.png").stat().st_size > 1e4
 
 
 def test_the_plan_runs_command_writes_the_plan(shards, tmp_path, capsys):

@@ -526,6 +526,8 @@ def aggregate(
     out = Path(out_dir)
     rows, missing = collect(runs)
     studies = scaling_studies(runs)
+    check = planner_check(runs, json.loads(Path(plan).read_text())) if plan and Path(
+        plan).is_file() else []  # fmt: skip
     with atomic_path(out / "figures", directory=True) as tmp:
         names = write_figures(runs, tmp, benchmarks)
         from voxjet.report.scaling import scaling_figure
@@ -534,13 +536,17 @@ def aggregate(
             name = f"{domain}-{ds}-scaling-{exp}.png"
             scaling_figure(tmp / name, f"{ds}: scaling of {exp}", table)
             names.append(name)
+        if check:
+            from voxjet.report.figures import predicted_vs_measured
+
+            predicted_vs_measured(tmp / "pipeline-all-planner.png", check)
+            names.append("pipeline-all-planner.png")
     with atomic_path(out / "metrics.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(rows)
     md = summary_markdown(rows, missing, data_notes(runs), studies)
-    if plan and Path(plan).is_file():
-        md += planner_check_markdown(planner_check(runs, json.loads(Path(plan).read_text())))
+    md += planner_check_markdown(check)
     if names:
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:

@@ -246,3 +246,28 @@ def pipeline_cost(path: Path, bench: list[dict[str, Any]]) -> None:
         ax.invert_yaxis()
         ax.grid(alpha=0.3, axis="x")
     save_figure(fig, path)
+
+
+def predicted_vs_measured(path: Path, check: list[dict[str, Any]]) -> None:
+    """The planner's predicted throughput of each run against the measured one (log-log), with
+    the line where they agree and a ±15% band."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    pred = np.array([c["predicted"] for c in check])
+    meas = np.array([c["measured"] for c in check])
+    for c in check:
+        ax.scatter(c["measured"], c["predicted"], s=25)
+        ax.annotate(f"{c['run']} ({c['processes']})", (c["measured"], c["predicted"]),
+                    fontsize=7, xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    lo, hi = min(pred.min(), meas.min()) / 1.5, max(pred.max(), meas.max()) * 1.5
+    grid = np.geomspace(lo, hi, 20)
+    ax.plot(grid, grid, color="grey", lw=1)
+    ax.fill_between(grid, grid * 0.85, grid * 1.15, color="grey", alpha=0.15, label="±15%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured items/s (training log)")
+    ax.set_ylabel("predicted items/s (results/plan/runs.json)")
+    ax.set_title("The planner against the runs")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    save_figure(fig, path)

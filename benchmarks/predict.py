@@ -24,7 +24,9 @@ BIN = Path(sys.executable).parent
 
 
 def _voxjet(args: list[str], threads: int = 1) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # the venv's bin first: predict starts torchrun from PATH, as the workflow's jobs do
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     t = time.perf_counter()
     r = subprocess.run([str(BIN / "voxjet"), *args], env=env, capture_output=True, text=True)
     if r.returncode:

@@ -6,7 +6,7 @@ site's link values (config `site:`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20  # its first bucket is small, to start reducing early
@@ -50,7 +50,6 @@ class Prediction:
     comm_s: float
     loader_bound: bool
     items_per_s: float
-    parts: dict = field(default_factory=dict)
 
 
 def buckets(grad_bytes: float, cap: float = DDP_BUCKET_BYTES) -> list[float]:
@@ -86,11 +85,12 @@ def predict_step(p: Profile, processes: int, nodes: int, links: Links,
     run whose cores the loader shares)."""
     n = processes * nodes
     bw, lat = link_for(nodes, links)
-    times = [ring_allreduce_s(b, n, bw, lat) for b in buckets(p.grad_bytes)]
+    sizes = buckets(p.grad_bytes)
+    times = [ring_allreduce_s(b, n, bw, lat) for b in sizes]
     # DDP fills buckets in reverse parameter order as backward proceeds: bucket i is ready
     # after its share of the backward time; the link reduces them one after another
     done, ready_at, total = 0.0, 0.0, p.grad_bytes or 1.0
-    for b, t in zip(buckets(p.grad_bytes), times, strict=True):
+    for b, t in zip(sizes, times, strict=True):
         ready_at += p.backward_s * b / total
         done = max(done, ready_at) + t
     exposed = max(0.0, done - p.backward_s)
@@ -112,8 +112,3 @@ def predict_pipeline_step(p: Profile, stages: int, microbatches: int) -> float:
     (K − 1)/(M + K − 1) of idle time."""
     per_stage = (p.forward_s + p.backward_s) / stages
     return per_stage * (microbatches + stages - 1) / microbatches + p.optimizer_s / stages
-
-
-def time_to_steps(pred: Prediction, steps: int) -> float:
-    """Seconds to train `steps` steps at that size."""
-    return pred.step_s * steps

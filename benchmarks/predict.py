@@ -6,7 +6,7 @@ jets with a small ParticleNet:
 2. jets/s of `voxjet predict` over ROOT files with 2 processes ÷ 1 process, one thread each
    (target >= 1.6: the files are shared out over the processes, as over GPUs).
 
-    .venv/bin/python benchmarks/predict.py [--jets 20000]
+    .venv/bin/python benchmarks/predict.py [--jets 8000]
 """
 
 from __future__ import annotations
@@ -64,7 +64,12 @@ def _dataset(d: Path, jets_per_file: int, files: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--jets", type=int, default=20000, help="jets of the small dataset")
+    ap.add_argument(
+        "--jets",
+        type=int,
+        default=8000,
+        help="jets of the small dataset (its test half must span several reads)",
+    )
     a = ap.parse_args()
     model = {"name": "particlenet", "k": 8, "conv_channels": [[32, 32], [64, 64]], "fc_size": 64}
     with tempfile.TemporaryDirectory() as d:

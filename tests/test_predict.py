@@ -89,6 +89,24 @@ def test_unlabelled_unsharded_files_score_as_evaluation_did(tagger, tmp_path):
             assert mine.sum() > 10
 
 
+def test_evaluation_read_in_many_small_pieces_equals_one_read(tagger, tmp_path):
+    """The test split streamed a few jets at a time (as a split far larger than a read is)
+    gives the same stored scores, in the same order, as the default reads."""
+    from voxjet.jets.evaluate import evaluate, rows_per_read
+
+    index = json.loads((tagger / "shards" / "index.json").read_text())
+    assert rows_per_read(index, 64) == (16 << 20) // (32 * len(index["particle_features"]) * 4)
+    assert rows_per_read(index, 10**6) == 10**6  # never less than a batch
+    evaluate(str(tagger / "shards"), str(tagger / "run" / "model.pt"), str(tmp_path), chunk=37)
+    with (
+        h5py.File(tagger / "eval" / "predictions.h5") as a,
+        h5py.File(tmp_path / "predictions.h5") as b,
+    ):
+        assert sorted(a) == sorted(b) and len(a["labels"]) > 37 * 3
+        for k in a:
+            np.testing.assert_allclose(a[k][...], b[k][...], atol=1e-6, err_msg=k)
+
+
 def test_a_file_lacking_a_branch_the_model_needs_is_named(tagger, tmp_path):
     from voxjet.predict import run_predict
 

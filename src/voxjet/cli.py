@@ -343,7 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="folder for one output a file / case")
     s.add_argument("--observers", nargs="*", default=[], help="jets: branches copied through")
     s.add_argument("--step-size", type=int, default=50_000, help="jets: entries read at a time")
-    s.add_argument("--batch-size", type=int, default=4096, help="jets: jets a forward pass")
+    s.add_argument(
+        "--batch-size", type=int, default=None,
+        help="jets: jets a forward pass (default: the run's training batch size)",
+    )  # fmt: skip
     s.add_argument("--overlap", type=float, default=0.5, help="volumes: sliding-window overlap")
     s.add_argument("--mirror", action="store_true", help="volumes: average all 8 axis flips")
     s.add_argument(

@@ -72,7 +72,7 @@ def run_predict(
     out_dir: str,
     observers: list[str] = (),
     step_size: int = 50_000,
-    batch_size: int = 4096,
+    batch_size: int | None = None,
     overlap: float = 0.5,
     mirror: bool = False,
     probabilities: bool = False,

@@ -20,7 +20,7 @@ from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mas
 from voxjet.jets.dataset import load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
-from voxjet.jets.predict import Tagger, score
+from voxjet.jets.predict import Tagger, inference_batch, score
 from voxjet.report.figures import pyplot, roc_overlay, save_figure
 
 
@@ -124,7 +124,7 @@ def score_share(
     total = index["splits"]["test"]["jets"]
     lo, hi = share(total, rt.rank, rt.world_size)
     data_cfg = saved["model_config"].get("data") or {"max_particles": index["max_particles"]}
-    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "")
+    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "", inference_batch(saved))
     names = ("particles", "jets", "labels", "file", "entry")
     with atomic_path(part) as tmp, h5py.File(tmp, "w") as f:
         for a, b in _chunks(lo, hi, chunk):
@@ -159,13 +159,24 @@ def _gather(out: Path, world: int, index: dict) -> Path:
     return final
 
 
+READ_BYTES = 16 << 20  # particle data read at a time: enough to amortise a read, not more
+
+
+def rows_per_read(index: dict, batch: int, read_bytes: int = READ_BYTES) -> int:
+    """Jets read from the shards at a time: `read_bytes` of padded particles, at least a batch."""
+    per_jet = int(index["max_particles"]) * len(index["particle_features"]) * 4
+    return max(batch, read_bytes // max(per_jet, 1))
+
+
 def evaluate(
-    shard_dir: str, model_path: str, out_dir: str, read: dict | None = None, chunk: int = 65536
-) -> dict:
+    shard_dir: str, model_path: str, out_dir: str, read: dict | None = None,
+    chunk: int | None = None,
+) -> dict:  # fmt: skip
     """Score the test split (and the jet-mass reference), streamed in chunks by every process
     of the job (each its contiguous share), into predictions.h5; then metrics.json from the
-    stored scores, roc.png and confusion.png. Memory does not grow with the split's size but
-    for the final metrics, which read the scores column by column."""
+    stored scores, roc.png and confusion.png. Memory does not grow with the split's size (a
+    read of `rows_per_read` jets, a forward pass of the run's training batch) but for the
+    final metrics, which hold the scores: a few numbers a jet."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
     rt = init_runtime()
@@ -182,6 +193,7 @@ def evaluate(
         model, saved = load_trained(model_path)
         _check_compatible(saved, index, model_path, shard_dir)
         model.to(rt.device).eval()
+        chunk = chunk or rows_per_read(index, inference_batch(saved))
         mass = _mass_table(shard_dir, index, opts, rt, chunk)
         score_share(shard_dir, model, saved, index, opts, rt, out / PARTS.format(rank=rt.rank),
                     mass, chunk)  # fmt: skip

@@ -40,6 +40,7 @@ class Tagger:
     data: dict[str, Any]  # the jets section it was trained with (voxjet.jets.shard)
     device: torch.device
     path: str
+    batch: int = 256  # jets a forward pass (inference_batch)
 
     @property
     def tree(self) -> str:
@@ -59,12 +60,22 @@ def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:
             "(trained by an older voxjet); retrain it to predict on new files"
         )
     return Tagger(model.to(device).eval(), list(saved["model_config"]["classes"]), data, device,
-                  str(model_path))  # fmt: skip
+                  str(model_path), inference_batch(saved))  # fmt: skip
+
+
+def inference_batch(saved: dict) -> int:
+    """Jets a forward pass: the run's training batch, which fitted with gradients, so it fits
+    without (activations, not the split, set inference memory: ParT's pair features grow with
+    batch × particles²)."""
+    from voxjet.jets.train import JET_BATCH_SIZE
+
+    return int((saved.get("settings") or {}).get("batch_size") or JET_BATCH_SIZE)
 
 
 @torch.no_grad()
-def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int = 4096) -> np.ndarray:
+def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int | None = None) -> np.ndarray:
     """Class probabilities [N, C] of jets given as flat particles with counts."""
+    batch = batch or tagger.batch
     counts = np.asarray(feats["counts"], np.int64)
     off = np.concatenate([[0], np.cumsum(counts)])
     length = int(tagger.data["max_particles"])
@@ -102,7 +113,7 @@ def _observer(arrays: ak.Array, name: str, path: Path) -> np.ndarray:
 
 
 def scored_chunks(
-    tagger: Tagger, path: Path, observers: list[str], step_size: int, batch: int
+    tagger: Tagger, path: Path, observers: list[str], step_size: int, batch: int | None
 ) -> Iterator[dict[str, np.ndarray]]:
     """The output columns of a ROOT file, step by step, every entry in order."""
     import uproot
@@ -155,7 +166,7 @@ def predict_file(
     out_path: str | os.PathLike,
     observers: list[str] = (),
     step_size: int = 50_000,
-    batch: int = 4096,
+    batch: int | None = None,
 ) -> dict[str, int]:
     """Score one ROOT file into `out_path` (same tree name, entries and order); written under a
     temporary name, so a killed job leaves no output that looks complete."""

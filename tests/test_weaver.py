@@ -141,6 +141,44 @@ def test_jetclass_feature_sets_give_weavers_own_inputs_for_the_same_jets(manifes
     assert compared == len(ours) == 4 * 120
 
 
+def test_automatic_standardisation_is_weavers_from_the_training_jets(manifest, tmp_path):
+    """preprocess.method auto: each variable without a centre gets weaver's median and
+    1/(84th or 16th percentile distance) from the training split's particles — equal to those
+    percentiles computed here, and close to weaver-core's AutoStandardizer over the same files
+    (which reads every jet, not only the training split); the model is built from them."""
+    from weaver.utils.data.config import DataConfig
+    from weaver.utils.data.preprocess import AutoStandardizer
+
+    cfg = data_config("kin")
+    cfg["preprocess"] = {"method": "auto", "data_fraction": 1.0}
+    cfg["inputs"]["pf_features"]["vars"] = [[v[0]] if len(v) == 3 else v for v in KIN + ANGLES]
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    shard_jets(manifest, tmp_path / "shards", JetDataConfig(weaver_config=str(path)))
+    index = load_index(tmp_path / "shards")
+    train = load_columns(tmp_path / "shards", "train", ("particles",))["particles"]
+    ours = {v["name"]: v for v in index["weaver_inputs"]["pf_features"]["vars"]}
+    dc = DataConfig.load(str(path))
+    maker = AutoStandardizer([str(manifest.parent / "staged" / f) for f in index["source_files"]],
+                             dc)  # fmt: skip
+    theirs = maker.make_preprocess_params(maker.read_file(maker._filelist))
+    for name, *_ in KIN:
+        col = train[:, index["particle_features"].index(name)]
+        low, mid, high = np.percentile(col, [16, 50, 84])
+        assert ours[name]["center"] == pytest.approx(mid, rel=1e-6)
+        assert ours[name]["scale"] == pytest.approx(1 / max(high - mid, mid - low), rel=1e-6)
+        assert ours[name]["center"] == pytest.approx(theirs[name]["center"], rel=0.05, abs=0.05)
+        assert ours[name]["scale"] == pytest.approx(theirs[name]["scale"], rel=0.1)
+    assert ours["part_deta"]["center"] is None  # given as None: not standardised
+    model = build_model("weaver_pnet", n_classes=4, feature_names=index["particle_features"],
+                        weaver_inputs=index["weaver_inputs"])  # fmt: skip
+    assert torch.isfinite(model(*pad_particles(torch.from_numpy(train[:40]),
+                                               torch.tensor([10] * 4), 16))).all()  # fmt: skip
+    with pytest.raises(VoxjetError, match="automatic standardisation of .* was not computed"):
+        build_model("weaver_pnet", n_classes=4, feature_names=index["particle_features"],
+                    weaver_inputs=index["config"]["weaver_inputs"])  # fmt: skip
+
+
 class PartWrapper(nn.Module):
     """particle_transformer's networks/example_ParticleTransformer.py wrapper (how the published
     checkpoints were saved: the network under `mod`)."""
@@ -241,12 +279,10 @@ def _refused(tmp_path, change, match):
 @pytest.mark.parametrize(
     "change,match",
     [
-        (lambda c: c.update(weights={"reweight_method": "flat"}), r"weights \(reweighting\)"),
+        (lambda c: c.update(weights={"reweight_method": "flat"}), "weights.reweight_vars: two"),
         (lambda c: c.update(labels={"type": "custom", "value": {"t": "x"}}),
          "labels of type 'custom'"),
-        (lambda c: c["preprocess"].update(method="auto"), "method 'auto'"),
-        (lambda c: c["inputs"]["pf_features"]["vars"].append(["part_e_log", "auto"]),
-         "'part_e_log' asks for automatic standardisation"),
+        (lambda c: c["preprocess"].update(method="standard"), "method 'standard'"),
         (lambda c: c.update(test_time_selection="jet_pt > 500"), "test_time_selection differs"),
         (lambda c: c["inputs"]["pf_mask"].update(pad_mode="wrap"), "a mask is padded with"),
         (lambda c: c["inputs"]["pf_features"].update(pad_mode="edge"), "pad_mode 'edge'"),
@@ -255,6 +291,19 @@ def _refused(tmp_path, change, match):
 )  # fmt: skip
 def test_what_voxjet_cannot_do_as_weaver_does_is_refused(tmp_path, change, match):
     _refused(tmp_path, change, rf"bad\.yaml.*{match}|{match}.*bad\.yaml")
+
+
+def test_a_weaver_weights_section_becomes_the_datasets_reweighting(tmp_path):
+    cfg = data_config("kin")
+    cfg["weights"] = {"use_precomputed_weights": False, "reweight_method": "flat",
+                      "reweight_vars": {"jet_pt": [500, 750, 1000], "jet_sdmass": [0, 500]},
+                      "reweight_classes": CLASSES, "class_weights": [1, 1, 1, 1],
+                      "reweight_threshold": 15, "reweight_hists": None}  # fmt: skip
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert JetDataConfig(weaver_config=str(path)).weights == cfg["weights"]
+    with pytest.raises(VoxjetError, match="has its own weights section"):
+        JetDataConfig(weaver_config=str(path), weights=cfg["weights"])
 
 
 def test_weaver_config_and_its_keys_in_the_dataset_config_are_refused(demo_config, tmp_path):

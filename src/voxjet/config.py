@@ -94,11 +94,18 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
             check_not_both(ds["jets"], f"config key 'datasets.{name}.jets'")
     for name, ds in _filled(config, schema_path).get("datasets", {}).items():
         if ds.get("domain") == "jets" and "jets" in ds:
-            from voxjet.jets.leakage import check_inputs
+            from voxjet.jets.leakage import check_inputs, reweight_labels
+            from voxjet.jets.reweight import parse
             from voxjet.jets.weaver_config import resolve
 
             where = f"datasets.{name}.jets"
-            check_inputs(resolve(ds["jets"], where), where)
+            jets = resolve(ds["jets"], where)
+            check_inputs(jets, where)
+            parse(
+                jets.get("weights"),
+                reweight_labels(jets["labels"]),
+                f"config key '{where}.weights'",
+            )
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
             raise VoxjetError(

@@ -25,6 +25,21 @@ def label_branches(labels: list[str] | Mapping[str, Any]) -> list[str]:
     return [labels["branch"]] if "branch" in labels else []
 
 
+def class_names(labels: list[str] | Mapping[str, Any]) -> list[str]:
+    """Class names: label_QCD → QCD for one-hot branches, else the listed classes."""
+    if isinstance(labels, list):
+        return [b.removeprefix("label_") for b in labels]
+    if "branch" in labels:
+        return list(labels["classes"])
+    return list(labels["by_file"])
+
+
+def reweight_labels(labels: list[str] | Mapping[str, Any]) -> list[str]:
+    """What weights.reweight_classes names a class by: its label branch (one-hot labels, as
+    weaver's configs do) or its class name."""
+    return list(labels) if isinstance(labels, list) else class_names(labels)
+
+
 def is_truth(branch: str, labels: list[str] | Mapping[str, Any]) -> bool:
     """Whether a branch holds the answer: a label branch, or a truth/generator-level one."""
     low = branch.lower()

@@ -25,6 +25,7 @@ import uproot
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.io.integrity import checked_lz4
+from voxjet.jets import reweight
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     branches_needed,
@@ -34,7 +35,8 @@ from voxjet.jets.features import (
     variables,
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
-from voxjet.jets.leakage import check_inputs, label_branches
+from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
+from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
 
 # 4: each jet's source file and entry (`file`, `entry`); 3: a fletcher32 checksum a chunk;
@@ -101,6 +103,8 @@ class JetDataConfig:
     weaver_config: str | None = None
     weaver_inputs: dict | None = None
     observers: list[str] = field(default_factory=list)
+    # weaver's `weights:` section (voxjet.jets.reweight): sampling weights for training
+    weights: dict | None = None
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000
@@ -131,15 +135,6 @@ class JetDataConfig:
 # settings that change what is reported, not what the shards hold
 # (weaver_config: its content arrives as the fields it sets; observers: read by predict only)
 METRICS_ONLY = {"background", "weaver_config", "observers"}
-
-
-def class_names(labels: list[str] | dict) -> list[str]:
-    """Class names: label_QCD → QCD for one-hot branches, else the listed classes."""
-    if isinstance(labels, list):
-        return [b.removeprefix("label_") for b in labels]
-    if "branch" in labels:
-        return list(labels["classes"])
-    return list(labels["by_file"])
 
 
 def _file_class(labels: dict, name: str) -> int:
@@ -285,6 +280,7 @@ def _read_range(
     file_number: int = 0,
     dropped: dict | None = None,
     rel: str | None = None,
+    rw: dict | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Chunks of features, labels, split and entry of the selected, labelled jets in
     [start, stop) (kept as read: concatenating padded particle arrays is the costly part);
@@ -325,6 +321,8 @@ def _read_range(
                 arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
             )
             out["offsets"] = offsets_of(out.pop("counts"))
+            if rw is not None:
+                out["reweight"] = reweight_values(arrays, v, rw)
             out["labels"] = labels
             out["entry"] = entries
             out["file"] = np.full(len(entries), file_number, np.int32)
@@ -343,6 +341,20 @@ def _read_range(
             f"{e}); the file may be truncated or corrupt: re-stage it"
         ) from e
     return parts
+
+
+def reweight_values(arrays, v: Variables, rw: dict) -> np.ndarray:
+    """Each jet's values of the reweighting variables (or weight branches), [N, k] float64."""
+    vals = v.evaluate(rw["vars"], arrays)
+    cols = []
+    for name in rw["vars"]:
+        col = vals[name]
+        if isinstance(col, ak.Array) and col.ndim > 1:
+            raise VoxjetError(f"jets.weights: {name!r} has one value a particle; reweighting "
+                              "variables are per jet")  # fmt: skip
+        cols.append(np.broadcast_to(np.asarray(ak.to_numpy(col) if isinstance(col, ak.Array)
+                                               else col, np.float64), (len(arrays),)))  # fmt: skip
+    return np.stack(cols, axis=1)
 
 
 def _entries(path: Path, tree, manifest_entry: dict) -> int:
@@ -364,7 +376,10 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
             ("labels", 65536),
             ("file", 65536),
             ("entry", 65536),
+            ("reweight", 65536),
         ):
+            if key not in data:  # reweight: only with jets.weights
+                continue
             arr = data[key]
             chunk = (max(1, min(len(arr), rows)), *arr.shape[1:])
             f.create_dataset(key, data=arr, chunks=chunk, **comp)
@@ -386,6 +401,47 @@ def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
         "jets_sum": np.einsum("nf->f", j, dtype=np.float64),
         "jets_sumsq": np.einsum("nf,nf->f", j, j, dtype=np.float64),
     }
+
+
+AUTO_SAMPLE_FILE = "auto_sample.npy"
+
+
+class _AutoSample:
+    """A uniform sample (about AUTO_SAMPLE a shard job) of the training split's particle values
+    of the variables a weaver config standardises automatically."""
+
+    def __init__(self, names: list[str], cfg: JetDataConfig, chunks: list[dict],
+                 chunk_of: np.ndarray, row_in: np.ndarray, train_rows: np.ndarray,
+                 part: int) -> None:  # fmt: skip
+        self.cols = [cfg.particle_features.index(n) for n in names]
+        self.parts: list[np.ndarray] = []
+        self.rng = np.random.default_rng([cfg.seed, part, 7])
+        if names:
+            counts = np.concatenate([np.diff(c["offsets"]) for c in chunks] or [np.zeros(0)])
+            first = np.concatenate([[0], np.cumsum([len(c["labels"]) for c in chunks])])
+            total = int(counts[first[chunk_of[train_rows]] + row_in[train_rows]].sum())
+            self.keep = min(1.0, AUTO_SAMPLE / max(total, 1))
+
+    def add(self, piece: dict[str, np.ndarray]) -> None:
+        """Take the sample's share of a training shard's particles."""
+        if self.cols:
+            p = piece["particles"]
+            self.parts.append(p[self.rng.random(len(p)) < self.keep][:, self.cols])
+
+    def save(self, path: Path) -> str:
+        """The sample as a .npy file beside part.json; its name."""
+        np.save(path, np.concatenate(self.parts) if self.parts else np.zeros((0, len(self.cols))))
+        return path.name
+
+
+def _auto_inputs(parts: list[tuple[Path, dict]], groups: dict) -> dict:
+    """The weaver input groups with their "auto" centres and scales from the parts' samples."""
+    names = auto_variables(groups)
+    sample = np.concatenate([np.load(d / p["auto_sample"]) for d, p in parts if "auto_sample" in p])
+    if not len(sample):
+        raise VoxjetError("weaver_config: no training particle to compute the automatic "
+                          f"standardisation of {names} from")  # fmt: skip
+    return standardise(groups, {n: sample[:, i] for i, n in enumerate(names)})
 
 
 def _add_counts(counts: list[dict[str, int]]) -> dict[str, int]:
@@ -424,6 +480,9 @@ def shard_part(
         file_split(f["path"], cfg)
     v = variables(cfg.new_variables, cfg.selection)
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
+    rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
+    if rw is not None:
+        branches += [b for b in v.branches(rw["vars"]) if b not in branches]
     types: dict = {}
     chunks, skipped, per_file, entries_per_file, dropped = [], [], {}, {}, {}
     for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
@@ -440,7 +499,7 @@ def shard_part(
                                   "re-make or drop it")  # fmt: skip
                 lo, hi = n * part // parts, n * (part + 1) // parts
                 data = _read_range(path, tree, v, cfg, branches, lo, hi, number, dropped,
-                                   entry["path"])  # fmt: skip
+                                   entry["path"], rw)  # fmt: skip
         except BadFile as e:
             source = entry.get("source", "")
             if source and source.removeprefix("file://") != str(path):
@@ -455,7 +514,8 @@ def shard_part(
         chunks += data
     classes = class_names(cfg.labels)
     # each shard takes its jets straight from the chunks read: no joined copy of everything
-    chunks = [{k: c[k] for k in (*SHARD_KEYS, "offsets", "split")} for c in chunks]
+    keys = (*SHARD_KEYS, "offsets", "split", *(("reweight",) if rw is not None else ()))
+    chunks = [{k: c[k] for k in keys} for c in chunks]
     none = [np.zeros(0, np.int64)]
     chunk_of = np.repeat(np.arange(len(chunks)), [len(c["labels"]) for c in chunks])
     row_in = np.concatenate([np.arange(len(c["labels"])) for c in chunks] or none)
@@ -466,6 +526,11 @@ def shard_part(
                      "entries_per_file": entries_per_file, "dropped_labels": dropped,
                      "skipped": skipped, "splits": {},
                      "source_files": [f["path"] for f in files]}  # fmt: skip
+    auto = auto_variables(cfg.weaver_inputs)
+    sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, order[split_code[order] == 0], part)
+    plane = None
+    if rw is not None and not rw["precomputed"]:
+        plane = reweight.histograms(np.zeros((0, 2)), np.zeros(0, np.int64), rw, len(classes))
     with atomic_path(out_dir, directory=True) as tmp:
         for code, split in ((0, "train"), (1, "val"), (2, "test")):
             rows = order[split_code[order] == code]
@@ -480,6 +545,10 @@ def shard_part(
                 shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
                 if split == "train":
                     sums.append(_sums(piece))
+                    sample.add(piece)
+                    if plane is not None:  # the reweighting plane's counts, for the index job
+                        plane += reweight.histograms(piece["reweight"], piece["labels"], rw,
+                                                     len(classes))  # fmt: skip
             labels = all_labels[rows]
             hist = np.bincount(labels, minlength=len(classes)).tolist()
             summary["splits"][split] = {
@@ -488,6 +557,10 @@ def shard_part(
                 "class_counts": dict(zip(classes, hist, strict=True)),
                 **({"sums": _add_sums(sums)} if sums else {}),
             }
+        if plane is not None:
+            summary["reweight_counts"] = plane.tolist()
+        if auto:
+            summary["auto_sample"] = sample.save(tmp / AUTO_SAMPLE_FILE)
         (tmp / "part.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -557,6 +630,11 @@ def index_shards(
             "the training split is empty (no selected, labelled jet): check the files, "
             "jets.selection and jets.labels, or lower val_fraction/test_fraction"
         )
+    if auto_variables(cfg.weaver_inputs):
+        index["weaver_inputs"] = _auto_inputs(parts, cfg.weaver_inputs)
+    rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
+    if rw is not None:
+        index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
     sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
     for kind in ("particles", "jets"):
         n = sum(s[f"{kind}_n"] for s in sums)
@@ -570,6 +648,22 @@ def index_shards(
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(index, indent=2) + "\n")
     return index
+
+
+def _reweight_index(rw: dict, parts: list[dict], label_names: list[str]) -> dict:
+    """The reweighting the training stream applies: the settings, and (histogram form) the
+    weight tables from the parts' summed counts, with each class's weighted share."""
+    if rw["precomputed"]:
+        return rw
+    counts = np.sum([p["reweight_counts"] for p in parts if "reweight_counts" in p], axis=0)
+    tables = reweight.tables_of(rw, counts, label_names)
+    weighted = (counts * tables).sum(axis=(1, 2))
+    print("reweighting: training jets inside the plane a class "
+          f"{dict(zip(label_names, counts.sum(axis=(1, 2)).astype(int).tolist(), strict=True))}, "
+          f"sampled shares {np.round(weighted / weighted.sum(), 3).tolist()}",
+          file=sys.stderr)  # fmt: skip
+    return {**rw, "counts": counts.tolist(), "tables": tables.tolist(),
+            "shares": (weighted / weighted.sum()).tolist()}  # fmt: skip
 
 
 def shard_jets(

@@ -105,6 +105,11 @@ class JetStream(torch.utils.data.IterableDataset):
         if not self.blocks:
             raise VoxjetError(f"{self.url}/index.json: split {split!r} has no jets")
         self.split, self.batch_size, self.seed = split, batch_size, seed
+        # jets.weights: training batches are drawn by each jet's sampling weight
+        self.reweight = self.index.get("reweight") if split == "train" else None
+        self.tables = (np.asarray(self.reweight["tables"])
+                       if self.reweight and not self.reweight["precomputed"] else None)  # fmt: skip
+        self.keys = (*KEYS, "reweight") if self.reweight else KEYS
         self.rank, self.world = rank, world
         self.buffer_blocks = buffer_blocks
         self.epoch, self.start = 0, 0
@@ -181,7 +186,8 @@ class JetStream(torch.utils.data.IterableDataset):
                 group = mine[lo : lo + self.buffer_blocks]
                 shards = [self._shard(files, b) for b in group]
                 # room for all of it at once: growing block by block would copy it again
-                n = sum(b.stop - b.start for b in group) + (len(carry["labels"]) if carry else 0)
+                kept = len(carry["labels"]) if carry else 0  # drawn already: not drawn again
+                n = sum(b.stop - b.start for b in group) + kept
                 m = sum(
                     int(sh.offsets[b.stop] - sh.offsets[b.start])
                     for sh, b in zip(shards, group, strict=True)
@@ -193,7 +199,11 @@ class JetStream(torch.utils.data.IterableDataset):
                 for sh, b in zip(shards, group, strict=True):
                     self._read(sh, b, buf)
                 view = buf.view()
-                perm = rng.permutation(buf.jets)
+                if self.reweight:
+                    perm = rng.permutation(self._drawn(view, kept, rng))
+                    rows_view = {k: v for k, v in view.items() if k != "reweight"}
+                else:
+                    perm, rows_view = rng.permutation(buf.jets), view
                 n_full = len(perm) // self.batch_size
                 if self.pad_to is not None and not in_worker:
                     # the whole buffer padded in one gather (batches are then views): per-batch
@@ -205,7 +215,7 @@ class JetStream(torch.utils.data.IterableDataset):
                     if made >= skip:
                         sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
                         if self.pad_to is None:
-                            yield self._batch(view, perm[sl], in_worker)
+                            yield self._batch(rows_view, perm[sl], in_worker)
                         elif in_worker:
                             # padded straight into shared memory: a view of a padded buffer
                             # would be copied there once more when it is handed over
@@ -220,6 +230,17 @@ class JetStream(torch.utils.data.IterableDataset):
                 sh.file.close()
             if self.remote:
                 self._files.close()
+
+    def _drawn(self, view: dict[str, np.ndarray], kept: int, rng: np.random.Generator
+               ) -> np.ndarray:  # fmt: skip
+        """The buffer's rows for this pass: the carried `kept` once each, the new ones drawn
+        with replacement by their sampling weight (voxjet.jets.reweight), as many as came."""
+        from voxjet.jets.reweight import jet_weights, resample
+
+        new = slice(kept, len(view["labels"]))
+        w = jet_weights(view["reweight"][new], view["labels"][new], self.reweight, self.tables)
+        drawn = resample(w, rng, f"{self.url}: a shuffle buffer of {self.split} jets")
+        return np.concatenate([np.arange(kept), kept + drawn])
 
     def _start_prefetch(self, shards: list[str]) -> None:
         # keep the files of the next shuffle buffer on their way while this buffer's batches
@@ -239,7 +260,7 @@ class JetStream(torch.utils.data.IterableDataset):
             else h5py.File(f"{self.url}/{shard}", "r", rdcc_nbytes=4 << 20)
         )
         # h5py's lookups cost tens of µs each: done once a file, not once a block
-        sets = {k: f[k] for k in (*KEYS, "particles", "offsets")}
+        sets = {k: f[k] for k in (*self.keys, "particles", "offsets")}
         like = {k: (d.shape[1:], d.dtype) for k, d in sets.items()}
         like["source"] = ((2,), np.dtype(np.int64))
         return _Shard(f, sets, sets["offsets"][...], like, self.shard_numbers[shard])
@@ -268,7 +289,7 @@ class JetStream(torch.utils.data.IterableDataset):
         buf.reserve(n, m, sh.like)
         j, p, a = buf.jets, buf.particles, buf.arrays
         try:
-            for k in KEYS:
+            for k in self.keys:
                 sh.sets[k].read_direct(a[k], np.s_[block.start : block.stop], np.s_[j : j + n])
             if m:
                 sh.sets["particles"].read_direct(

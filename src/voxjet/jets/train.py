@@ -61,7 +61,10 @@ class JetTask:
         }
         if str(model_cfg.get("name", "")).startswith("weaver_"):
             # weaver's networks read the input groups of the data config the shards came from
-            self.model_cfg["weaver_inputs"] = (self.index.get("config") or {}).get("weaver_inputs")
+            # (with the "auto" centres and scales the index job computed, if any)
+            self.model_cfg["weaver_inputs"] = self.index.get("weaver_inputs") or (
+                self.index.get("config") or {}
+            ).get("weaver_inputs")
         self.s = s
         self.experiment = ""  # for the trackers (MLflow's experiment)
         # one stream for the run: read in this process, its buffer serves every epoch (new

@@ -2,8 +2,9 @@
 published full/kin/kinpid ones) turned into a dataset's `jets:` settings: new variables (weaver's
 np./ak./math. spellings go through voxjet's safe expression language, never eval), the
 selection, the input groups with their manual standardisation (centre, scale, clip range, pad
-value, length, pad mode), simple one-hot labels and observers. What voxjet cannot do as weaver
-does is refused with the key named, never approximated."""
+value, length, pad mode; weaver's automatic standardisation computed from the training
+jets), simple one-hot labels, observers and the reweighting (`weights`).
+What voxjet cannot do as weaver does is refused with the key named, never approximated."""
 
 from __future__ import annotations
 
@@ -19,22 +20,21 @@ DERIVED = ("labels", "particle_features", "new_variables", "selection", "sort_by
 PAD_MODES = ("constant", "wrap")
 
 
-def _var_params(spec: Any, group: str, length: int, pad_mode: str, where: str) -> dict[str, Any]:
-    """weaver's [name, centre, scale, min, max, pad_value] (or a bare name) as a dict."""
+def _var_params(
+    spec: Any, group: str, length: int, pad_mode: str, where: str, auto: bool
+) -> dict[str, Any]:
+    """weaver's [name, centre, scale, min, max, pad_value] (or a bare name) as a dict; a
+    centre "auto" (the default under preprocess.method auto) is computed by the index job."""
     v = list(spec) if isinstance(spec, (list, tuple)) else [spec]
     if not v or not isinstance(v[0], str) or len(v) > 6:
         raise VoxjetError(f"{where}: inputs.{group}.vars entry {spec!r} is not weaver's "
                           "[name, centre, scale, min, max, pad_value]")  # fmt: skip
-    defaults = [None, None, 1, -5, 5, 0]
+    defaults = [None, "auto" if auto else None, 1, -5, 5, 0]
     name, center, scale, lo, hi, pad = v + defaults[len(v) :]
-    if center == "auto":
-        raise VoxjetError(
-            f"{where}: inputs.{group}.vars {name!r} asks for automatic standardisation "
-            "(preprocess.method: auto); give its centre and scale (weaver writes them to the "
-            "*.auto.yaml it makes) or list the variable in jets.particle_features instead"
-        )
-    for label, x in (("centre", center), ("scale", scale), ("min", lo), ("max", hi),
-                     ("pad_value", pad)):  # fmt: skip
+    if center == "auto" and group.endswith("_mask"):
+        center = None  # as weaver: a mask is never standardised
+    for label, x in (("centre", None if center == "auto" else center), ("scale", scale),
+                     ("min", lo), ("max", hi), ("pad_value", pad)):  # fmt: skip
         if x is not None and not isinstance(x, (int, float)):
             raise VoxjetError(f"{where}: inputs.{group}.vars {name!r}: {label} {x!r} is no number")
     return {"name": name, "center": center, "scale": scale, "min": lo, "max": hi,
@@ -58,16 +58,12 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
             "selection to every split (so that test jets are those the model was trained on); "
             "drop test_time_selection or make it the selection"
         )
-    if doc.get("weights"):
-        raise VoxjetError(f"{where}: weights (reweighting) is not supported; remove the "
-                          "weights: section (voxjet trains on the jets as they come)")  # fmt: skip
     for key in ("branch_magic", "file_magic", "bucketing"):
         if doc.get(key):
             raise VoxjetError(f"{where}: {key} is not supported; remove it")
     method = str((doc.get("preprocess") or {}).get("method", "manual")).lower()
-    if method.startswith("auto"):
-        raise VoxjetError(f"{where}: preprocess.method {method!r}: give every variable's centre "
-                          "and scale (method: manual)")  # fmt: skip
+    if method not in ("manual", "auto"):
+        raise VoxjetError(f"{where}: preprocess.method {method!r}: manual or auto")
     labels = doc.get("labels") or {}
     if labels.get("type") != "simple" or not isinstance(labels.get("value"), list):
         raise VoxjetError(
@@ -86,7 +82,8 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
             raise VoxjetError(f"{where}: inputs.{group}.pad_mode {pad_mode!r}: one of {PAD_MODES}")
         if group.endswith("_mask") and pad_mode != "constant":
             raise VoxjetError(f"{where}: inputs.{group}: a mask is padded with constant")
-        params = [_var_params(v, group, length, pad_mode, where) for v in spec.get("vars", [])]
+        params = [_var_params(v, group, length, pad_mode, where, method == "auto")
+                  for v in spec.get("vars", [])]  # fmt: skip
         if not params:
             raise VoxjetError(f"{where}: inputs.{group} has no vars")
         groups[group] = {"length": length, "pad_mode": pad_mode, "vars": params}
@@ -107,8 +104,41 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     }
     if observers:
         out["observers"] = observers
+    if doc.get("weights"):
+        from voxjet.jets.reweight import parse
+
+        parse(doc["weights"], list(labels["value"]), f"{where}: weights")
+        out["weights"] = dict(doc["weights"])
     if doc.get("treename"):
         out["tree"] = doc["treename"]
+    return out
+
+
+AUTO_SAMPLE = 1_000_000  # particles a shard job keeps to compute "auto" centres and scales
+
+
+def auto_variables(groups: dict[str, Any] | None) -> list[str]:
+    """The variables whose centre and scale are computed from the training jets ("auto")."""
+    names = [v["name"] for g in (groups or {}).values() for v in g["vars"] if v["center"] == "auto"]
+    return list(dict.fromkeys(names))
+
+
+def standardise(groups: dict[str, Any], samples: dict[str, Any]) -> dict[str, Any]:
+    """The groups with every "auto" centre and scale computed as weaver's AutoStandardizer
+    does (the median; 1 / the larger distance from it to the 16th or 84th percentile) from a
+    sample of the training split's particle values {name: array}."""
+    import numpy as np
+
+    out = {}
+    for name, g in groups.items():
+        params = []
+        for v in g["vars"]:
+            if v["center"] == "auto":
+                low, center, high = np.percentile(samples[v["name"]], [16, 50, 84])
+                spread = max(high - center, center - low)
+                v = {**v, "center": float(center), "scale": 1.0 if spread == 0 else 1.0 / spread}
+            params.append(v)
+        out[name] = {**g, "vars": params}
     return out
 
 
@@ -143,6 +173,10 @@ def resolve(jets: dict[str, Any], where: str) -> dict[str, Any]:
         return jets
     derived = translate(read(path), f"config key '{where}.weaver_config' ({path})")
     observers = derived.pop("observers", [])
+    if derived.get("weights") and jets.get("weights"):
+        raise VoxjetError(f"config key '{where}.weights': weaver_config {path} has its own "
+                          "weights section; give the reweighting in one place")  # fmt: skip
+    derived["weights"] = derived.get("weights") or jets.get("weights")
     out = {**jets, **derived}
     out["observers"] = list(dict.fromkeys([*(jets.get("observers") or []), *observers]))
     return out

@@ -42,6 +42,11 @@ class WeaverInputs(nn.Module):
             raise VoxjetError(f"weaver input group {name!r} needs {missing}, which the shards "
                               "do not hold; shard with the same weaver_config")  # fmt: skip
         vs = group["vars"]
+        auto = [v["name"] for v in vs if v["center"] == "auto"]
+        if auto:
+            raise VoxjetError(f"weaver input group {name!r}: the automatic standardisation of "
+                              f"{auto} was not computed (shards made by an older voxjet?); "
+                              "rerun shard_jets")  # fmt: skip
         self.length, self.wrap = int(group["length"]), group["pad_mode"] == "wrap"
         self.register_buffer("index", torch.tensor([feature_names.index(n) for n in names]))
         self.register_buffer("standardise", torch.tensor([v["center"] is not None for v in vs]))

@@ -179,7 +179,8 @@ def test_credentials_in_storage_options_are_refused(demo_config):
         # an expression that would never finish is refused, not run
         ({"new_variables": {"huge": "9**9**9"}, "jet_features": ["jet_pt", "huge"]},
          r"jets.new_variables.huge: the exponent '9 \*\* 9'"),
-        ({"selection": "jet_pt >"}, r"jets.new_variables.__selection__: cannot parse"),
+        ({"selection": "jet_pt >"}, r"jets.selection: cannot parse"),
+        ({"test_time_selection": "9**9**9 > jet_pt"}, r"jets.test_time_selection: the exponent"),
     ],
 )  # fmt: skip
 def test_inputs_that_read_the_answer_or_never_finish_are_refused_at_the_check(

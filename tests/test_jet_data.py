@@ -253,6 +253,32 @@ def test_a_branch_missing_or_a_selection_that_keeps_nothing_names_it(toy_files, 
     assert not (tmp_path / "s").exists()
 
 
+def test_the_test_split_takes_its_own_selection(toy_files, tmp_path):
+    """test_time_selection (weaver's): test jets pass it instead of the selection; train and
+    val jets pass the selection; which split a jet is in does not depend on either."""
+    from voxjet.jets.dataset import load_columns
+    from voxjet.jets.shard import split_of
+
+    manifest = _dataset(toy_files, tmp_path)
+    cfg = JetDataConfig(max_particles=8, selection="jet_pt > 700",
+                        test_time_selection="jet_pt > 550", test_fraction=0.3)  # fmt: skip
+    shards = tmp_path / "shards"
+    index = shard_jets(manifest, shards, cfg)
+    col = index["jet_features"].index("jet_pt")
+    want = {"train": 0, "val": 0, "test": 0}
+    for name in index["source_files"]:
+        with uproot.open(tmp_path / "staged" / name) as f:
+            pt = f["tree"]["jet_pt"].array(library="np")
+        split = split_of(name, np.arange(len(pt)), cfg)
+        for code, key in enumerate(("train", "val", "test")):
+            want[key] += int(((split == code) & (pt > (550 if code == 2 else 700))).sum())
+    for key in want:
+        got = load_columns(shards, key, ("jets",))["jets"][:, col]
+        assert len(got) == want[key] > 0, key
+        assert (got > (550 if key == "test" else 700)).all()
+    assert (load_columns(shards, "test", ("jets",))["jets"][:, col] <= 700).any()
+
+
 @pytest.fixture(scope="module")
 def many_shards(toy_files, tmp_path_factory):
     d = tmp_path_factory.mktemp("stream")

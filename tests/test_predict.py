@@ -122,6 +122,21 @@ def test_a_file_lacking_a_branch_the_model_needs_is_named(tagger, tmp_path):
     assert not list((tmp_path / "out").glob("*.root"))
 
 
+def test_new_files_pass_the_test_splits_own_selection(tagger, tmp_path):
+    """A model whose data had a test_time_selection scores new files' jets that pass it."""
+    import torch
+
+    from voxjet.jets.predict import load_tagger, predict_file
+
+    t = load_tagger(tagger / "run" / "model.pt", torch.device("cpu"))
+    t.data = {**t.data, "test_time_selection": "jet_pt > 800"}
+    src = next((tagger / "raw").glob("*.root"))
+    predict_file(t, src, tmp_path / "o.root")
+    with uproot.open(src) as fin, uproot.open(tmp_path / "o.root") as fout:
+        pt = fin["tree"]["jet_pt"].array(library="np")
+        np.testing.assert_array_equal(fout["tree"]["selected"].array(library="np") == 1, pt > 800)
+
+
 def test_a_killed_predict_job_leaves_nothing_taken_for_done(tagger, tmp_path):
     from voxjet.io.atomic import HOST
     from voxjet.predict import run_predict

@@ -283,7 +283,6 @@ def _refused(tmp_path, change, match):
         (lambda c: c.update(labels={"type": "custom", "value": {"t": "x"}}),
          "labels of type 'custom'"),
         (lambda c: c["preprocess"].update(method="standard"), "method 'standard'"),
-        (lambda c: c.update(test_time_selection="jet_pt > 500"), "test_time_selection differs"),
         (lambda c: c["inputs"]["pf_mask"].update(pad_mode="wrap"), "a mask is padded with"),
         (lambda c: c["inputs"]["pf_features"].update(pad_mode="edge"), "pad_mode 'edge'"),
         (lambda c: c.update(extra=1), r"keys \['extra'\] are not weaver data-config keys"),
@@ -304,6 +303,15 @@ def test_a_weaver_weights_section_becomes_the_datasets_reweighting(tmp_path):
     assert JetDataConfig(weaver_config=str(path)).weights == cfg["weights"]
     with pytest.raises(VoxjetError, match="has its own weights section"):
         JetDataConfig(weaver_config=str(path), weights=cfg["weights"])
+
+
+def test_a_weaver_test_time_selection_selects_the_test_split(tmp_path):
+    cfg = data_config("kin")
+    cfg.update(selection="jet_pt > 600", test_time_selection="jet_pt > 500")
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    jets = JetDataConfig(weaver_config=str(path))
+    assert (jets.selection, jets.test_time_selection) == ("jet_pt > 600", "jet_pt > 500")
 
 
 def test_weaver_config_and_its_keys_in_the_dataset_config_are_refused(demo_config, tmp_path):

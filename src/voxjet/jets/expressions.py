@@ -211,9 +211,15 @@ def _number(node: ast.AST) -> float | None:
 class Variables:
     """Named expressions resolved lazily over a batch of branches, each computed once."""
 
-    def __init__(self, definitions: Mapping[str, str], where: str = "jets.new_variables") -> None:
+    def __init__(
+        self, definitions: Mapping[str, str], where: str = "jets.new_variables",
+        keys: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        # `keys`: config keys of entries that are not variables (the selections)
+        keys = keys or {}
         self.exprs = {
-            name: Expression(text, f"{where}.{name}") for name, text in definitions.items()
+            name: Expression(text, keys.get(name) or f"{where}.{name}")
+            for name, text in definitions.items()
         }
 
     def branches(self, names: list[str]) -> list[str]:

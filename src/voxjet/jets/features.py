@@ -9,7 +9,12 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.expressions import Variables
-from voxjet.jets.variables import BUILTIN_VARIABLES, SELECTION, variables  # noqa: F401
+from voxjet.jets.variables import (  # noqa: F401
+    BUILTIN_VARIABLES,
+    SELECTION,
+    TEST_SELECTION,
+    variables,
+)
 
 Arrays = ak.Array
 
@@ -20,7 +25,7 @@ def branches_needed(
     """The ROOT branches to read for the chosen features, the sort key and the selection."""
     names = [*particle_features, *jet_features]
     names += [sort_by] if sort_by else []
-    names += [SELECTION] if SELECTION in v.exprs else []
+    names += [k for k in (SELECTION, TEST_SELECTION) if k in v.exprs]
     return v.branches(names)
 
 
@@ -28,14 +33,17 @@ def _is_jagged(x) -> bool:
     return isinstance(x, ak.Array) and x.ndim == 2
 
 
-def select(arrays: Arrays, v: Variables) -> np.ndarray | None:
-    """The selection's boolean mask over jets, or None without a selection."""
-    if SELECTION not in v.exprs:
+def select(arrays: Arrays, v: Variables, test: bool = False) -> np.ndarray | None:
+    """The selection's boolean mask over jets (with `test`, the test split's own selection
+    where there is one), or None without a selection."""
+    key = TEST_SELECTION if test and TEST_SELECTION in v.exprs else SELECTION
+    if key not in v.exprs:
         return None
-    mask = v.evaluate([SELECTION], arrays)[SELECTION]
+    mask = v.evaluate([key], arrays)[key]
     if _is_jagged(mask):
+        name = "test_time_selection" if key == TEST_SELECTION else "selection"
         raise VoxjetError(
-            f"jets.selection {v.exprs[SELECTION].text!r} gives one value a particle; it must "
+            f"jets.{name} {v.exprs[key].text!r} gives one value a particle; it must "
             "give one a jet (e.g. use jet-level branches)"
         )
     return np.asarray(ak.to_numpy(mask), bool)

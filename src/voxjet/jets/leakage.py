@@ -49,7 +49,9 @@ def is_truth(branch: str, labels: list[str] | Mapping[str, Any]) -> bool:
 def check_inputs(jets: Mapping[str, Any], where: str) -> None:
     """Parse every expression (syntax, functions, limits) and refuse an input that reads a
     label or truth branch not listed in `truth_inputs`."""
-    v = variables(jets.get("new_variables") or {}, jets.get("selection"))
+    v = variables(
+        jets.get("new_variables") or {}, jets.get("selection"), jets.get("test_time_selection")
+    )
     allowed = set(jets.get("truth_inputs") or [])
     labels = jets.get("labels") or []
     inputs = [("particle_features", f) for f in jets.get("particle_features") or []]

@@ -119,7 +119,8 @@ def scored_chunks(
     import uproot
 
     cfg = tagger.data
-    v = variables(cfg["new_variables"], cfg["selection"])
+    # new data is selected as the test split was (weaver's test_time_selection, if given)
+    v = variables(cfg["new_variables"], cfg.get("test_time_selection") or cfg["selection"])
     need = branches_needed(v, cfg["particle_features"], cfg["jet_features"], cfg["sort_by"])
     try:
         f = uproot.open(path)

@@ -28,6 +28,7 @@ from voxjet.io.integrity import checked_lz4
 from voxjet.jets import reweight
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
+    TEST_SELECTION,
     branches_needed,
     compute_features,
     labels_from_onehot,
@@ -90,6 +91,8 @@ class JetDataConfig:
     new_variables: dict[str, str] = field(default_factory=dict)
     sort_by: str | None = "part_pt"
     selection: str | None = None
+    # the test split's own selection (weaver's test_time_selection; None: `selection`)
+    test_time_selection: str | None = None
     max_particles: int = 128
     jets_per_shard: int = 10000
     shard_jobs: int = 1
@@ -300,7 +303,16 @@ def _read_range(
             arrays, report = arrays
             entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
             _check_finite(arrays, entries)
+            fixed = file_split(rel, cfg) if rel is not None else None
+            split = (
+                split_of(path.name, entries, cfg)
+                if fixed is None
+                else np.full(len(entries), fixed, np.int8)
+            )
             keep = select(arrays, v)
+            if TEST_SELECTION in v.exprs:  # test jets pass the test split's own selection
+                passed = np.ones(len(entries), bool) if keep is None else keep
+                keep = np.where(split == 2, select(arrays, v, test=True), passed)
             labels, problems = jet_labels(arrays, cfg.labels, path.name)
             # judged on the selected jets only: a selection may remove the ones in question
             sel = np.ones(len(labels), bool) if keep is None else keep
@@ -315,6 +327,7 @@ def _read_range(
             keep = labels >= 0 if keep is None else keep & (labels >= 0)
             if not keep.all():
                 arrays, entries, labels = arrays[keep], entries[keep], labels[keep]
+                split = split[keep]
             if len(arrays) == 0:
                 continue
             out = compute_features(
@@ -326,12 +339,7 @@ def _read_range(
             out["labels"] = labels
             out["entry"] = entries
             out["file"] = np.full(len(entries), file_number, np.int32)
-            fixed = file_split(rel, cfg) if rel is not None else None
-            out["split"] = (
-                split_of(path.name, entries, cfg)
-                if fixed is None
-                else np.full(len(entries), fixed, np.int8)
-            )
+            out["split"] = split
             parts.append(out)
     except VoxjetError as e:
         raise BadFile(f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: {e}") from e
@@ -478,7 +486,7 @@ def shard_part(
         raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
     for f in files:  # a file in no split (or two) stops the job before any reading
         file_split(f["path"], cfg)
-    v = variables(cfg.new_variables, cfg.selection)
+    v = variables(cfg.new_variables, cfg.selection, cfg.test_time_selection)
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
     rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
     if rw is not None:

@@ -23,13 +23,20 @@ BUILTIN_VARIABLES: dict[str, str] = {
 
 
 def variables(
-    new_variables: dict[str, str] | None = None, selection: str | None = None
+    new_variables: dict[str, str] | None = None,
+    selection: str | None = None,
+    test_selection: str | None = None,
 ) -> Variables:
-    """The built-in variables, the config's new ones on top, and the selection (if any)."""
+    """The built-in variables, the config's new ones on top, and the selection and the test
+    split's own selection (weaver's test_time_selection), if any."""
     defs = {**BUILTIN_VARIABLES, **(new_variables or {})}
     if selection:
         defs[SELECTION] = selection
-    return Variables(defs)
+    if test_selection:
+        defs[TEST_SELECTION] = test_selection
+    return Variables(defs, keys={SELECTION: "jets.selection",
+                                 TEST_SELECTION: "jets.test_time_selection"})  # fmt: skip
 
 
 SELECTION = "__selection__"
+TEST_SELECTION = "__test_time_selection__"

@@ -16,7 +16,7 @@ from voxjet.errors import VoxjetError
 
 # keys of a dataset's jets section a weaver config decides (giving both would be ambiguous)
 DERIVED = ("labels", "particle_features", "new_variables", "selection", "sort_by",
-           "max_particles", "tree")  # fmt: skip
+           "max_particles", "tree", "test_time_selection")  # fmt: skip
 PAD_MODES = ("constant", "wrap")
 
 
@@ -51,13 +51,6 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
                           "weights", "branch_magic", "file_magic", "bucketing"}  # fmt: skip
     if unknown:
         raise VoxjetError(f"{where}: keys {sorted(unknown)} are not weaver data-config keys")
-    tts = doc.get("test_time_selection")
-    if tts and tts != doc.get("selection"):
-        raise VoxjetError(
-            f"{where}: test_time_selection differs from selection; voxjet applies one "
-            "selection to every split (so that test jets are those the model was trained on); "
-            "drop test_time_selection or make it the selection"
-        )
     for key in ("branch_magic", "file_magic", "bucketing"):
         if doc.get(key):
             raise VoxjetError(f"{where}: {key} is not supported; remove it")
@@ -97,6 +90,8 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
         "particle_features": features,
         "new_variables": new,
         "selection": doc.get("selection"),
+        # the test split's jets (and new data at predict) pass this one instead, as in weaver
+        "test_time_selection": doc.get("test_time_selection") or None,
         # weaver keeps each jet's particles in the file's order and cuts at `length`
         "sort_by": None,
         "max_particles": max(g["length"] for g in groups.values()),

@@ -44,8 +44,10 @@ def bench_loader(
     monai: bool = True,
     cache_bytes: int = 512 << 20,
     augment: bool = False,
+    cold: bool = False,
 ) -> tuple[float, float]:
-    """(voxjet patches/s, MONAI patches/s or nan); `cache_bytes` 0 decodes on every read."""
+    """(voxjet patches/s, MONAI patches/s or nan); `cache_bytes` 0 decodes on every read;
+    `cold`: every batch starts with none of the case files in the page cache."""
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
 
@@ -56,10 +58,14 @@ def bench_loader(
     spacing = json.loads(plan.read_text()).get("target_spacing") if plan.is_file() else None
     sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0, augment=augment, spacing=spacing)
     sampler.batch(0, 0, 0)
-    t = time.perf_counter()
+    spent = 0.0
     for i in range(n):
+        if cold:
+            evict_pages(cases_dir, store)
+        t = time.perf_counter()
         sampler.batch(0, 0, i + 1)
-    ours = n * batch / (time.perf_counter() - t)
+        spent += time.perf_counter() - t
+    ours = n * batch / spent
     store.close()
     if not monai:
         return ours, float("nan")
@@ -95,6 +101,25 @@ def bench_loader(
         next(it)
     monai = n * batch / (time.perf_counter() - t)
     return ours, monai
+
+
+def evict_pages(folder: Path, store=None) -> None:
+    """Drop `folder`'s files from the page cache (and a store's memory maps of them): the next
+    reads come from the disk, as for a dataset many times the memory."""
+    import mmap
+    import os
+
+    for arrays in store._volumes.values() if store is not None else ():
+        for a in arrays:
+            if getattr(a, "map", None) is not None:
+                a.map._mmap.madvise(mmap.MADV_DONTNEED)
+    for p in folder.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def bench_preprocess(msd: Path, out: Path, patch: list[int], spacing: list[float] | None,
@@ -217,14 +242,18 @@ def main() -> None:
             ("all", lz4, 2 * total, False),
             ("10%", lz4, total // 10, False),
             ("aug", d / "cases", 0, True),
+            ("cold", d / "cases", 0, False),
+            ("cold-lz4", lz4, 0, False),
         ):
             rates[name] = bench_loader(folder, msd, ids, a.patch, a.batch, a.batches,
                                        monai=(name == "mapped"), cache_bytes=cache,
-                                       augment=augment)  # fmt: skip
+                                       augment=augment, cold=name.startswith("cold"))  # fmt: skip
         if peer:
             theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet")
             aug = nnunet_peer.loader_rate(nn, a.patch, a.batch, max(10, a.batches // 2), True,
                                           d / "nnunet")  # fmt: skip
+            cold = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet",
+                                           cold=True)  # fmt: skip
             print(f"preprocessed shapes (x, y, z): voxjet {_shapes(d / 'cases', ids)}, nnU-Net "
                   f"{[tuple(reversed(s)) for s in nnunet_peer.case_shapes(nn)]}")  # fmt: skip
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -249,6 +278,10 @@ def main() -> None:
         ):
             _row(f"loader patches/s ÷ nnU-Net's nnUNetDataLoader, {label}", rates[name][0] / theirs,
                  2, f"{rates[name][0]:.1f} vs {theirs:.1f} patches/s")  # fmt: skip
+        for name, label in (("cold", "mapped"), ("cold-lz4", "compressed, no cache")):
+            _row(f"loader patches/s ÷ nnU-Net's, both reading from disk (page cache dropped "
+                 f"before each batch): {label}", rates[name][0] / cold, 2,
+                 f"{rates[name][0]:.1f} vs {cold:.1f} patches/s")  # fmt: skip
         _row("loader patches/s ÷ nnU-Net's, both with training augmentation (mapped)",
              rates["aug"][0] / aug, 2, f"{rates['aug'][0]:.1f} vs {aug:.1f} patches/s")  # fmt: skip
         mine, theirs_case = prep / n_cases, nn["seconds"] / nn["cases"]

@@ -165,3 +165,32 @@ def test_a_class_with_no_jet_in_the_plane_is_named(tmp_path):
     w = _weights(reweight_vars={"jet_pt": [0.0, 10.0], "jet_sdmass": MASS_BINS})
     with pytest.raises(VoxjetError, match="class 'label_QCD' has no training jet inside"):
         shard_jets(tmp_path / "m.json", tmp_path / "s", JetDataConfig(max_particles=8, weights=w))
+
+
+def test_a_real_nanoaod_file_reweights_by_class_names(tmp_path):
+    """A CMS NanoAOD skim that scikit-hep-testdata ships, labelled by an integer branch (so the
+    reweight classes are class names): MET flattened a class, classes drawn equally."""
+    import shutil
+
+    from conftest import hep_file
+
+    (tmp_path / "raw").mkdir()
+    shutil.copy(hep_file("uproot-small-dy-withoffsets.root"), tmp_path / "raw")
+    stage(str(tmp_path / "raw"), tmp_path / "st", tmp_path / "m.json", patterns=["*"])
+    weights = {"reweight_method": "flat", "reweight_classes": ["0mu", "1mu"],
+               "reweight_vars": {"MET_pt": [0, 20, 40, 80, 1000], "nJet": [0.5, 20.5]}}  # fmt: skip
+    cfg = JetDataConfig(
+        tree="tree", new_variables={"part_pt_log": "log(Jet_pt)"},
+        particle_features=["part_pt_log", "Jet_jetId"], jet_features=["nJet"], sort_by="Jet_pt",
+        selection="(nJet >= 1) & (nMuon <= 1)",
+        labels={"branch": "nMuon", "classes": ["0mu", "1mu"]},
+        max_particles=10, val_fraction=0.1, test_fraction=0.1, weights=weights,
+    )  # fmt: skip
+    index = shard_jets(tmp_path / "m.json", tmp_path / "s", cfg)
+    counts = np.asarray(index["reweight"]["counts"])
+    assert counts.sum() == index["splits"]["train"]["jets"]  # every training event in the plane
+    np.testing.assert_allclose(index["reweight"]["shares"], [0.5, 0.5], atol=1e-6)
+    raw = index["splits"]["train"]["class_counts"]
+    assert raw["1mu"] / (raw["0mu"] + raw["1mu"]) < 0.35  # unequal as they come
+    labels = [b["labels"] for b in JetStream(tmp_path / "s", "train", batch_size=16, seed=1)]
+    assert abs(np.concatenate(labels).mean() - 0.5) < 0.15  # 1mu drawn as often as 0mu

@@ -25,6 +25,7 @@ COMMANDS = {
     "gpu-resources": "snakemake --resources gpu=4",
     "rerun-shards": "snakemake -R shard_jets --until index_jets",
     "rerun-train": "snakemake -R train_jets",
+    "rerun-one-run": "snakemake results/toy_jets/runs/pfn_lr-0.003/model.pt -R train_jets",
     "rerun-preprocess": "snakemake -R preprocess_case --until gather_cases",
     "restage": "snakemake --forcerun stage --until stage",
     "aggregate": "voxjet aggregate --from-config config/config.yaml --out results/summary",

@@ -214,9 +214,9 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     after = run_snakemake(workflow_dir, "-n")
     assert "Nothing to be done" in _out(after), _out(after)[-3000:]
     # a forced rerun of training trains afresh from step 0 (not the completed checkpoint)
-    target = "results/toy_jets/runs/pfn_lr-0.003/model.pt"
-    forced = run_snakemake(workflow_dir, "-R", "train_jets", target)  # this run's job alone
+    forced = run_snakemake(workflow_dir, *README["rerun-one-run"][1:])  # this run's job alone
     assert forced.returncode == 0, forced.stderr[-3000:]
+    assert job_counts(_out(forced)) == {"train_jets": 1}, _out(forced)[-3000:]
     log = (workflow_dir / "logs" / "train_jets" / "toy_jets" / "pfn_lr-0.003.log").read_text()
     assert "a forced rerun trains afresh" in log and "resumed from" not in log
     retrain = run_snakemake(workflow_dir, *README["rerun-train"][1:], "-n")

@@ -151,7 +151,8 @@ TINY = {
 }
 # experiments of the demo config that this run leaves out
 DROPPED = ("particlenet", "part")
-SPEEDY = ["--slurm-init-seconds-before-status-checks=1", "--jobs=2", "--retries=1"]
+SPEEDY = ["--slurm-init-seconds-before-status-checks=1", "--seconds-between-status-checks=1",
+          "--jobs=2", "--retries=1"]  # fmt: skip
 
 
 def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
@@ -159,7 +160,9 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     (the README's command line then runs as written, with the workflow profile beside it)."""
     prof = tmp_path / "speedy-profile"
     prof.mkdir()
-    (prof / "config.yaml").write_text("slurm-init-seconds-before-status-checks: 1\njobs: 2\n")
+    (prof / "config.yaml").write_text(
+        "slurm-init-seconds-before-status-checks: 1\nseconds-between-status-checks: 1\njobs: 2\n"
+    )
     return {**env, "SNAKEMAKE_PROFILE": str(prof)}
 
 

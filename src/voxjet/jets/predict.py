@@ -67,9 +67,12 @@ def inference_batch(saved: dict) -> int:
     """Jets a forward pass: the run's training batch, which fitted with gradients, so it fits
     without (activations, not the split, set inference memory: ParT's pair features grow with
     batch × particles²)."""
-    from voxjet.jets.train import JET_BATCH_SIZE
+    batch = (saved.get("settings") or {}).get("batch_size")
+    if batch is None:  # a model.pt without its settings: the training default
+        from voxjet.jets.train import JET_BATCH_SIZE
 
-    return int((saved.get("settings") or {}).get("batch_size") or JET_BATCH_SIZE)
+        batch = JET_BATCH_SIZE
+    return int(batch)
 
 
 @torch.no_grad()

@@ -129,10 +129,14 @@ def _bin_indices(values: np.ndarray, rw: dict) -> tuple[np.ndarray, np.ndarray, 
     return idx[0], idx[1], inside
 
 
+def empty_counts(rw: dict, n_classes: int) -> np.ndarray:
+    """Zero counts [classes, nx, ny] of the reweighting plane."""
+    return np.zeros((n_classes, len(rw["bins"][0]) - 1, len(rw["bins"][1]) - 1), np.float64)
+
+
 def histograms(values: np.ndarray, labels: np.ndarray, rw: dict, n_classes: int) -> np.ndarray:
     """Counts [classes, nx, ny] of jets in the reweighting plane (by class number)."""
-    nx, ny = len(rw["bins"][0]) - 1, len(rw["bins"][1]) - 1
-    counts = np.zeros((n_classes, nx, ny), np.float64)
+    counts = empty_counts(rw, n_classes)
     ix, iy, inside = _bin_indices(values, rw)
     np.add.at(counts, (labels[inside], ix[inside], iy[inside]), 1)
     return counts

@@ -354,15 +354,13 @@ def _read_range(
 def reweight_values(arrays, v: Variables, rw: dict) -> np.ndarray:
     """Each jet's values of the reweighting variables (or weight branches), [N, k] float64."""
     vals = v.evaluate(rw["vars"], arrays)
-    cols = []
-    for name in rw["vars"]:
-        col = vals[name]
-        if isinstance(col, ak.Array) and col.ndim > 1:
+    out = np.empty((len(arrays), len(rw["vars"])), np.float64)
+    for i, name in enumerate(rw["vars"]):
+        if isinstance(vals[name], ak.Array) and vals[name].ndim > 1:
             raise VoxjetError(f"jets.weights: {name!r} has one value a particle; reweighting "
                               "variables are per jet")  # fmt: skip
-        cols.append(np.broadcast_to(np.asarray(ak.to_numpy(col) if isinstance(col, ak.Array)
-                                               else col, np.float64), (len(arrays),)))  # fmt: skip
-    return np.stack(cols, axis=1)
+        out[:, i] = np.asarray(vals[name], np.float64)  # a constant broadcasts
+    return out
 
 
 def _entries(path: Path, tree, manifest_entry: dict) -> int:
@@ -538,7 +536,7 @@ def shard_part(
     sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, order[split_code[order] == 0], part)
     plane = None
     if rw is not None and not rw["precomputed"]:
-        plane = reweight.histograms(np.zeros((0, 2)), np.zeros(0, np.int64), rw, len(classes))
+        plane = reweight.empty_counts(rw, len(classes))
     with atomic_path(out_dir, directory=True) as tmp:
         for code, split in ((0, "train"), (1, "val"), (2, "test")):
             rows = order[split_code[order] == code]

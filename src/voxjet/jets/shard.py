@@ -245,7 +245,7 @@ def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], t
     if missing:
         raise BadFile(
             f"{path}: tree {cfg.tree!r} has no branches {missing}; fix jets.labels / "
-            "particle_features / jet_features / new_variables / selection in the config"
+            "particle_features / jet_features / new_variables / selection / weights in the config"
         )
     for b in need:
         t = str(tree[b].interpretation)

@@ -27,6 +27,7 @@ R0 = 0.8
 M_W, M_Z, M_H, M_T = 80.4, 91.2, 125.1, 172.8
 # Label branches in JetClass mix types; so do ours, so that readers must treat them as numbers.
 _LABEL_DTYPES = {0: np.float32, 1: np.bool_, 2: np.int32}
+BASKET_JETS = 1000
 TOY_CLASSES = ("QCD", "Hbb", "Zqq", "Wqq", "Tbqq")
 
 
@@ -254,7 +255,11 @@ def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = 
             # mktree, not f[tree] = ...: recent uproot writes an RNTuple for the latter, and
             # JetClass is a TTree (`part_*` jagged branches with an `npart` counter).
             types = {k: v.type if isinstance(v, ak.Array) else v.dtype for k, v in branches.items()}
-            f.mktree(tree, types).extend(branches)
+            out = f.mktree(tree, types)
+            # a basket of BASKET_JETS entries a branch, as ROOT's auto-flush clusters are: a
+            # reader of an entry range (a scatter shard job) decompresses only its baskets
+            for lo in range(0, max(len(jets), 1), BASKET_JETS):  # 0 jets: one empty basket
+                out.extend({k: v[lo : lo + BASKET_JETS] for k, v in branches.items()})
 
 
 def generate_file(

@@ -14,6 +14,7 @@ its slot; the worker then takes another slot or, with none free, fresh memory as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +36,7 @@ def pack_layout(specs: Specs, align: int = 64) -> tuple[dict[str, tuple[int, int
     aligned (a cache line by default), and the buffer's size."""
     layout, total = {}, 0
     for k, (shape, dtype) in specs.items():
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        n = math.prod(shape) * np.dtype(dtype).itemsize
         layout[k] = (total, n)
         total += -(-n // align) * align
     return layout, total

@@ -15,6 +15,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles, is_url, read_json_at
 from voxjet.jets.jagged import offsets_of, pad_particles, ragged_arange
+from voxjet.jets.shard_files import ChecksumMismatch, ShardChecks
 
 
 @dataclass
@@ -102,6 +103,7 @@ def load_columns(
                 with h5py.File(
                     remote.fetch(shard["file"], shard.get("bytes")) if remote else path, "r"
                 ) as f:
+                    ShardChecks(f).verify({k: f[k] for k in ("offsets", *names)}, a, b)
                     off = f["offsets"][a : b + 1] if "offsets" in parts else None
                     for k in parts:
                         if k == "offsets":
@@ -110,7 +112,7 @@ def load_columns(
                             parts[k].append(f[k][int(off[0]) : int(off[-1])])
                         else:
                             parts[k].append(f[k][a:b])
-            except (OSError, KeyError) as e:
+            except (OSError, KeyError, ChecksumMismatch) as e:
                 raise corrupt_error(path, f"{split} jets {a}-{b}", "shard_jets", e) from e
     finally:
         if remote:

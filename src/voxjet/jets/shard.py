@@ -24,7 +24,6 @@ import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
-from voxjet.io.integrity import checked_lz4
 from voxjet.jets import reweight
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
@@ -37,10 +36,12 @@ from voxjet.jets.features import (
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
+from voxjet.jets.shard_files import STORAGES, write_shard_arrays
 from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
 
-# 4: each jet's source file and entry (`file`, `entry`); 3: a fletcher32 checksum a chunk;
+# 4: each jet's source file and entry (`file`, `entry`), stored as `jets.storage` says (a
+# reader tells the two apart by the `crc32` dataset); 3: a fletcher32 checksum a chunk;
 # 2: particles stored jagged (flat rows + offsets); 1 stored them padded
 FORMAT_VERSION = 4
 SHARD_KEYS = ("particles", "jets", "labels", "file", "entry")
@@ -96,6 +97,7 @@ class JetDataConfig:
     max_particles: int = 128
     jets_per_shard: int = 10000
     shard_jobs: int = 1
+    storage: str = "mapped"  # voxjet.jets.shard_files
     on_bad_file: str = "fail"
     # predefined splits (JetClass ships train_100M/, val_5M/, test_20M/): {split: globs on
     # the file's path in the dataset}; None: the hash split by val/test_fraction
@@ -370,25 +372,10 @@ def _entries(path: Path, tree, manifest_entry: dict) -> int:
 def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) -> None:
     """One shard: particles [M, F] (the jets' real particles, flat), offsets [N + 1] into them,
     jets [N, J], labels [N], and each jet's source (`file`: its number in index.json's
-    source_files, `entry`: its entry in the tree); chunked along the rows, LZ4-compressed, a
-    checksum a chunk."""
-    comp = checked_lz4()
+    source_files, `entry`: its entry in the tree), checksummed, laid out as `jets.storage`
+    says (voxjet.jets.shard_files)."""
     with h5py.File(path, "w") as f:
-        # chunks of ~1 MB: a loader block of 2048 jets reads a few whole chunks
-        for key, rows in (
-            ("particles", 16384),
-            ("offsets", 65536),
-            ("jets", 8192),
-            ("labels", 65536),
-            ("file", 65536),
-            ("entry", 65536),
-            ("reweight", 65536),
-        ):
-            if key not in data:  # reweight: only with jets.weights
-                continue
-            arr = data[key]
-            chunk = (max(1, min(len(arr), rows)), *arr.shape[1:])
-            f.create_dataset(key, data=arr, chunks=chunk, **comp)
+        write_shard_arrays(f, data, cfg.storage)
         f.attrs["particle_features"] = cfg.particle_features
         f.attrs["jet_features"] = cfg.jet_features
         f.attrs["classes"] = class_names(cfg.labels)
@@ -474,6 +461,8 @@ def shard_part(
     shards of at most jets_per_shard per split, plus part.json (counts and feature sums)."""
     if cfg.on_bad_file not in ("fail", "skip"):
         raise VoxjetError(f"jets.on_bad_file {cfg.on_bad_file!r}: use fail or skip")
+    if cfg.storage not in STORAGES:
+        raise VoxjetError(f"jets.storage {cfg.storage!r}: use one of {', '.join(STORAGES)}")
     manifest = read_json(manifest_path)
     root = Path(manifest["root"])
     files = [f for f in manifest["files"] if f["path"].endswith(".root")]

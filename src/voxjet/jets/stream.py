@@ -32,6 +32,7 @@ from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import load_index
 from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, pad_rows, take_rows
+from voxjet.jets.shard_files import ChecksumMismatch, ShardChecks
 
 KEYS = ("jets", "labels")
 
@@ -45,6 +46,7 @@ class _Shard:
     offsets: np.ndarray
     like: Specs
     number: int
+    checks: ShardChecks
 
 
 @dataclass(frozen=True)
@@ -116,13 +118,18 @@ class JetStream(torch.utils.data.IterableDataset):
         self.pad_to = pad_to  # None: batches keep the particles flat, with offsets
         self._spare: JaggedBuffer | None = None
         self._slabs = SlabPool()  # a CPU model's padded buffers, reused once their batches go
+        self._batches = SlabPool(keep=8)  # batches made in this process, reused alike
         # set by voxjet.io.handover.ReturningLoader: workers then reuse their batches' memory
         self.slot_table: torch.Tensor | None = None
         self._shared: SharedSlabs | None = None
+        # what this process verified of each shard: a persistent worker checks a unit once
+        self._checks: dict[str, ShardChecks] = {}
 
     def __getstate__(self) -> dict:
         # a DataLoader pickles the dataset into each worker: not the read buffer with it
-        return {**self.__dict__, "_spare": None, "_slabs": SlabPool(), "_shared": None}
+        return {**self.__dict__, "_spare": None, "_slabs": SlabPool(), "_shared": None,
+                "_batches": SlabPool(keep=8),
+                "_checks": {}}  # fmt: skip
 
     def _index(self) -> dict:
         return load_index(self.url, ReadOptions(self.storage_options, self.fetch))
@@ -263,7 +270,10 @@ class JetStream(torch.utils.data.IterableDataset):
         sets = {k: f[k] for k in (*self.keys, "particles", "offsets")}
         like = {k: (d.shape[1:], d.dtype) for k, d in sets.items()}
         like["source"] = ((2,), np.dtype(np.int64))
-        return _Shard(f, sets, sets["offsets"][...], like, self.shard_numbers[shard])
+        checks = self._checks.get(shard) or self._checks.setdefault(shard, ShardChecks(f))
+        offsets = sets["offsets"][...]
+        checks.verify_offsets(offsets)  # reads are sized by them before they are verified
+        return _Shard(f, sets, offsets, like, self.shard_numbers[shard], checks)
 
     def _shard(self, files: OrderedDict[str, _Shard], block: Block) -> _Shard:
         """The block's shard file, opened (fetched, if remote) once."""
@@ -273,7 +283,7 @@ class JetStream(torch.utils.data.IterableDataset):
         else:
             try:
                 sh = files[block.shard] = self._open(block.shard)
-            except (OSError, KeyError) as e:
+            except (OSError, KeyError, ChecksumMismatch) as e:
                 raise corrupt_error(
                     f"{self.url}/{block.shard}", "the shard", "shard_jets", e
                 ) from e
@@ -289,13 +299,14 @@ class JetStream(torch.utils.data.IterableDataset):
         buf.reserve(n, m, sh.like)
         j, p, a = buf.jets, buf.particles, buf.arrays
         try:
+            sh.checks.verify(sh.sets, block.start, block.stop)
             for k in self.keys:
                 sh.sets[k].read_direct(a[k], np.s_[block.start : block.stop], np.s_[j : j + n])
             if m:
                 sh.sets["particles"].read_direct(
                     a["particles"], np.s_[off[0] : off[-1]], np.s_[p : p + m]
                 )
-        except (OSError, TypeError) as e:
+        except (OSError, TypeError, ChecksumMismatch) as e:
             where = f"{self.url}/{block.shard}"
             raise corrupt_error(where, f"jets {block.start}-{block.stop}", "shard_jets", e) from e
         a["offsets"][j + 1 : j + n + 1] = off[1:] - off[0] + p
@@ -328,8 +339,11 @@ class JetStream(torch.utils.data.IterableDataset):
             if self._shared is None:
                 self._shared = SharedSlabs(self.slot_table, torch.utils.data.get_worker_info().id)
             arrays, out = self._shared.batch(specs)
-        else:
+        elif shared:
             arrays, out = fresh_batch(specs, shared)
+        else:  # in this process: memory of batches no longer referenced, not fresh pages
+            arrays = self._batches.arrays(specs)
+            out = {k: torch.from_numpy(v) for k, v in arrays.items()}
         batch.update(out)
         return arrays
 

@@ -160,7 +160,7 @@ def make_cases(d: Path, n: int) -> list[str]:
 
     cfg = ToyVolumesConfig(train_cases=n, test_cases=0, min_shape=SHAPE, max_shape=SHAPE)
     msd = make_volumes(d / "msd", cfg, progress=False)
-    bench_preprocess(msd, d / "cases", list(PATCH))
+    bench_preprocess(msd, d / "cases", list(PATCH), None)  # None: the planned spacing
     return sorted(p.stem for p in (d / "cases").glob("*.h5"))
 
 

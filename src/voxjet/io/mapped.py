@@ -46,8 +46,8 @@ def is_mapped(dset: h5py.Dataset) -> bool:
 
 
 class MappedArray:
-    """A write_mapped dataset read box by box out of a memory map of its file (reads of a file
-    held in memory, as from a URL, go through h5py instead), each slab verified on first use."""
+    """A write_mapped dataset read box by box out of a memory map of its file (of a file held
+    in memory, as from a URL: out of a copy of the array), each slab verified on first use."""
 
     def __init__(self, dset: h5py.Dataset, axis: int, where: str, path: str | None) -> None:
         self.dset, self.axis, self.where = dset, axis, where
@@ -58,6 +58,11 @@ class MappedArray:
         self.map = None
         if path is not None and offset is not None:
             self.map = np.memmap(path, self.dtype, "r", offset=offset, shape=self.shape)
+        elif offset is not None:
+            # a fetched file held in memory: the array read once, in one piece (h5py reads a
+            # box out of a file object with one Python call a row: ~40x slower a patch)
+            self.map = np.empty(self.shape, self.dtype)
+            dset.read_direct(self.map)
 
     def _verify(self, lo: int, hi: int) -> None:
         slabs = range(lo // SLAB, (hi - 1) // SLAB + 1)

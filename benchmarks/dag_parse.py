@@ -60,6 +60,10 @@ def main() -> None:
         )
         msd = d / "Task99_Large"
         (msd / "imagesTr").mkdir(parents=True)
+        (msd / "labelsTr").mkdir()
+        for i in range(a.cases):  # the DAG checks that what dataset.json lists exists
+            for sub in ("imagesTr", "labelsTr"):
+                (msd / sub / f"c_{i:04d}.nii.gz").touch()
         (msd / "dataset.json").write_text(
             json.dumps(
                 {

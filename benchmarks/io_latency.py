@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--block-kb", type=int, default=512)
     ap.add_argument("--bound-mb", type=int, default=16)
+    ap.add_argument("--plot", type=Path, default=Path(__file__).with_name("io_latency.png"))
     a = ap.parse_args()
     block, bound = a.block_kb << 10, a.bound_mb << 20
     with tempfile.TemporaryDirectory() as d:
@@ -146,7 +147,7 @@ def main() -> None:
         ax.set_ylim(bottom=0)
     axes[0].legend()
     fig.tight_layout()
-    out = Path(__file__).with_name("io_latency.png")
+    out = a.plot
     fig.savefig(out, dpi=120)
     print(f"plot: {out}")
 

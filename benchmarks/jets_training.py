@@ -52,7 +52,7 @@ def main() -> None:
             d / "shards",
             JetDataConfig(max_particles=a.particles, jets_per_shard=2000),
         )
-        rt = init_runtime(prefer_cuda=False)
+        rt = init_runtime("cpu")
         print(f"{'model':<12} {'params':>9} {'jets/s':>9} {'data wait':>10}")
         worst = 0.0
         for name, cfg in MODELS.items():

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 CASES = {
     "dag_parse": ["--files", "40", "--cases", "4", "--runs", "4"],
-    "jets_training": ["--steps", "25"],
+    "jets_training": ["--steps", "21", "--batch", "32", "--particles", "16"],
     "jets_io": ["--jets-per-file", "400"],
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],

@@ -85,6 +85,9 @@ def test_a_changed_value_fails_naming_the_file_dataset_and_jets(both, tmp_path, 
     assert "rerun shard_jets" in msg
     with pytest.raises(VoxjetError, match=rf"{path.name}: train jets .*CRC32 mismatch in {key}"):
         load_split(copy, "train")
+    if key == "jets":  # a rank's share ends inside units: those are read to be checked
+        with pytest.raises(VoxjetError, match=r"CRC32 mismatch in jets of jets 1024-2048"):
+            load_split(copy, "train", part=(1, 3))
 
 
 class _Counting(dict):
@@ -117,6 +120,15 @@ def test_a_unit_is_verified_once_a_process(both):
         assert sets.reads == first
         checks.verify(sets, 0, n)
         assert checks.done.all() and sets.reads == first * len(checks.done)
+        # given what a reader already read, a unit inside it is checked there: nothing read
+        offsets = f["offsets"][...]
+        have = {k: f[k][...] for k in checks.keys if k != "offsets"}
+        again, sets.reads = ShardChecks(f), 0
+        again.verify(sets, 0, n, have, offsets)
+        assert again.done.all() and sets.reads == 0
+        have["jets"][5, 0] += 1  # and a changed value there is still caught
+        with pytest.raises(ValueError, match=r"CRC32 mismatch in jets of jets 0-1024"):
+            ShardChecks(f).verify(sets, 0, n, have, offsets)
 
 
 def test_an_unknown_storage_names_the_key(both, tmp_path):

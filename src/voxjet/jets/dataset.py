@@ -103,15 +103,19 @@ def load_columns(
                 with h5py.File(
                     remote.fetch(shard["file"], shard.get("bytes")) if remote else path, "r"
                 ) as f:
-                    ShardChecks(f).verify({k: f[k] for k in ("offsets", *names)}, a, b)
-                    off = f["offsets"][a : b + 1] if "offsets" in parts else None
+                    checks = ShardChecks(f)
+                    whole = f["offsets"][...]
+                    checks.verify_offsets(whole)
+                    off = whole[a : b + 1]
+                    have = {}
                     for k in parts:
-                        if k == "offsets":
-                            parts[k].append(off)
-                        elif k == "particles":
-                            parts[k].append(f[k][int(off[0]) : int(off[-1])])
-                        else:
-                            parts[k].append(f[k][a:b])
+                        if k == "particles":
+                            have[k] = f[k][int(off[0]) : int(off[-1])]
+                        elif k != "offsets":
+                            have[k] = f[k][a:b]
+                    checks.verify({k: f[k] for k in ("offsets", *names)}, a, b, have, whole)
+                    for k in parts:
+                        parts[k].append(off if k == "offsets" else have[k])
             except (OSError, KeyError, ChecksumMismatch) as e:
                 raise corrupt_error(path, f"{split} jets {a}-{b}", "shard_jets", e) from e
     finally:

@@ -71,34 +71,53 @@ class ShardChecks:
         if self.mapped:
             self.crcs = f[CRCS][...]
             self.keys = [str(k) for k in f[CRCS].attrs["keys"]]
+            self.jets = f["offsets"].shape[0] - 1
             if int(f[CRCS].attrs["jets"]) != CHECK_JETS:
                 raise ChecksumMismatch(f"checksums over {f[CRCS].attrs['jets']} jets, "
                                        f"this voxjet checks {CHECK_JETS}")  # fmt: skip
             self.done = np.zeros(len(self.crcs), bool)
 
     def verify_offsets(self, offsets: np.ndarray) -> None:
-        """Verify a whole offsets array read at once (a loader sizes its reads by it)."""
+        """Verify a whole offsets array read at once (reads are sized by it)."""
         if self.mapped:
             for u in range(len(self.crcs)):
                 a = u * CHECK_JETS
                 if _crc(offsets[a : a + CHECK_JETS + 1]) != self.crcs[u, 0]:
-                    raise ChecksumMismatch(f"CRC32 mismatch in offsets of jets {a}-"
-                                           f"{min(a + CHECK_JETS, len(offsets) - 1)}")  # fmt: skip
+                    b = min(a + CHECK_JETS, len(offsets) - 1)
+                    raise ChecksumMismatch(f"CRC32 mismatch in offsets of jets {a}-{b}")
 
-    def verify(self, sets: dict[str, h5py.Dataset], lo: int, hi: int) -> None:
+    def verify(
+        self,
+        sets: dict[str, h5py.Dataset],
+        lo: int,
+        hi: int,
+        have: dict[str, np.ndarray] | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> None:
         """Verify the datasets in `sets` over the units holding jets [lo, hi) that this
-        process has not verified yet; raises ChecksumMismatch naming the dataset and jets."""
+        process has not verified yet; raises ChecksumMismatch naming the dataset and jets.
+        `have`: their rows of jets [lo, hi) already read (particles: those jets'), with
+        `offsets` the shard's whole offsets, verified: a unit inside is checked there, not
+        read a second time."""
         if not self.mapped or hi <= lo:
             return
         for u in range(lo // CHECK_JETS, (hi - 1) // CHECK_JETS + 1):
             if self.done[u]:
                 continue
-            a, b = u * CHECK_JETS, (u + 1) * CHECK_JETS
-            off = sets["offsets"][a : b + 1]
-            if _crc(off) != self.crcs[u, 0]:
-                raise ChecksumMismatch(f"CRC32 mismatch in offsets of jets {a}-{a + len(off) - 1}")
-            sl = _unit_slices(off, a, self.keys)
+            a = u * CHECK_JETS
+            b = min(a + CHECK_JETS, self.jets)
+            inside = have is not None and offsets is not None and lo <= a and b <= hi
+            off = offsets[a : b + 1] if inside else sets["offsets"][a : b + 1]
+            if _crc(off) != self.crcs[u, 0]:  # first: the particle rows are found by them
+                raise ChecksumMismatch(f"CRC32 mismatch in offsets of jets {a}-{b}")
+            if inside:
+                p0 = offsets[lo]
+                rows = {k: v[a - lo : b - lo] for k, v in have.items() if k != "particles"}
+                rows["particles"] = have["particles"][off[0] - p0 : off[-1] - p0]
+            else:
+                sl = _unit_slices(off, a, self.keys)
+                rows = {k: sets[k][sl[k]] for k in self.keys[1:] if k in sets}
             for i, k in enumerate(self.keys[1:], 1):
-                if k in sets and _crc(sets[k][sl[k]]) != self.crcs[u, i]:
-                    raise ChecksumMismatch(f"CRC32 mismatch in {k} of jets {a}-{a + len(off) - 1}")
+                if k in rows and _crc(rows[k]) != self.crcs[u, i]:
+                    raise ChecksumMismatch(f"CRC32 mismatch in {k} of jets {a}-{b}")
             self.done[u] = True

@@ -75,7 +75,7 @@ class ShardChecks:
             if int(f[CRCS].attrs["jets"]) != CHECK_JETS:
                 raise ChecksumMismatch(f"checksums over {f[CRCS].attrs['jets']} jets, "
                                        f"this voxjet checks {CHECK_JETS}")  # fmt: skip
-            self.done = np.zeros(len(self.crcs), bool)
+            self.done = np.zeros(self.crcs.shape, bool)  # [unit, dataset] verified
 
     def verify_offsets(self, offsets: np.ndarray) -> None:
         """Verify a whole offsets array read at once (reads are sized by it)."""
@@ -101,23 +101,28 @@ class ShardChecks:
         read a second time."""
         if not self.mapped or hi <= lo:
             return
+        source = have if have is not None and offsets is not None else {}
+        wanted = [i for i, k in enumerate(self.keys) if k in sets or k in source]
         for u in range(lo // CHECK_JETS, (hi - 1) // CHECK_JETS + 1):
-            if self.done[u]:
+            if self.done[u, wanted].all():
                 continue
             a = u * CHECK_JETS
             b = min(a + CHECK_JETS, self.jets)
-            inside = have is not None and offsets is not None and lo <= a and b <= hi
+            inside = bool(source) and lo <= a and b <= hi
             off = offsets[a : b + 1] if inside else sets["offsets"][a : b + 1]
             if _crc(off) != self.crcs[u, 0]:  # first: the particle rows are found by them
                 raise ChecksumMismatch(f"CRC32 mismatch in offsets of jets {a}-{b}")
+            rows = {"offsets": off}
             if inside:
                 p0 = offsets[lo]
-                rows = {k: v[a - lo : b - lo] for k, v in have.items() if k != "particles"}
-                rows["particles"] = have["particles"][off[0] - p0 : off[-1] - p0]
-            else:
-                sl = _unit_slices(off, a, self.keys)
-                rows = {k: sets[k][sl[k]] for k in self.keys[1:] if k in sets}
-            for i, k in enumerate(self.keys[1:], 1):
-                if k in rows and _crc(rows[k]) != self.crcs[u, i]:
-                    raise ChecksumMismatch(f"CRC32 mismatch in {k} of jets {a}-{b}")
-            self.done[u] = True
+                rows.update({k: v[a - lo : b - lo] for k, v in have.items() if k != "particles"})
+                if "particles" in have:
+                    rows["particles"] = have["particles"][off[0] - p0 : off[-1] - p0]
+            sl = _unit_slices(off, a, self.keys)
+            rows.update({k: sets[k][sl[k]] for i, k in enumerate(self.keys)
+                         if k in sets and k not in rows and not self.done[u, i]})  # fmt: skip
+            for i, k in enumerate(self.keys):
+                if k in rows and not self.done[u, i]:
+                    if _crc(rows[k]) != self.crcs[u, i]:
+                        raise ChecksumMismatch(f"CRC32 mismatch in {k} of jets {a}-{b}")
+                    self.done[u, i] = True

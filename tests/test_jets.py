@@ -354,3 +354,16 @@ def test_hep_figures_for_any_class_list_leave_the_global_style_alone(tmp_path):
     for name in ("scores.png", "roc_pt.png", "mass.png"):
         assert (tmp_path / name).stat().st_size > 10_000
     assert dict(matplotlib.rcParams) == before
+
+
+def test_interleave_equals_stacking_the_columns_then_taking_rows():
+    from voxjet.jets.features import ROWS_A_PASS, interleave
+
+    rng = np.random.default_rng(0)
+    n = 2 * ROWS_A_PASS + 123  # several passes and a short last one
+    cols = [rng.normal(size=n + 50).astype(dt) for dt in (np.float32, np.float64, np.int32)]
+    take = rng.permutation(n + 50)[:n]
+    assert np.array_equal(interleave(cols, take, n), np.stack(cols, 1)[take].astype(np.float32))
+    whole = [c[:n] for c in cols]
+    assert np.array_equal(interleave(whole, None, n), np.stack(whole, 1).astype(np.float32))
+    assert interleave(whole, None, 0).shape == (0, 3)

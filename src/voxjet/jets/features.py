@@ -81,18 +81,16 @@ def compute_features(
 
         first = ragged_arange(offsets_of(counts)[:-1], kept)
         take = first if take is None else take[first]
-    # one [M, F] array, each column written once in its final order (fresh memory is the
-    # costly part of this step)
-    flat = np.empty((int(kept.sum()), len(particle_features)), np.float32)
-    for i, name in enumerate(particle_features):
+    cols = []
+    for name in particle_features:
         col = vals[name]
         if not np.array_equal(ak.to_numpy(ak.num(col, axis=1)), counts):
             raise VoxjetError(
                 f"jets.particle_features: {name!r} has another particle count than "
                 f"{particle_features[0]!r}; particle features must come from one collection"
             )
-        col = ak.to_numpy(ak.flatten(col))
-        flat[:, i] = col if take is None else col[take]
+        cols.append(ak.to_numpy(ak.flatten(col)))
+    flat = interleave(cols, take, int(kept.sum()))
     jets = (
         np.stack([np.asarray(ak.to_numpy(vals[n]), np.float32) for n in jet_features], axis=1)
         if jet_features
@@ -108,6 +106,23 @@ def compute_features(
                 f"{int(jet)} of this batch; fix the branch or its expression"
             )
     return {"particles": flat, "counts": kept, "jets": jets}
+
+
+ROWS_A_PASS = 4096  # [4096, F] float32 stays in cache while every column is written into it
+
+
+def interleave(cols: list[np.ndarray], take: np.ndarray | None, n: int) -> np.ndarray:
+    """One [n, F] float32 array of the F columns (rows `take` of each, or all), written a
+    block of rows at a time: column by column over the whole array, each write touches a
+    cache line of every row (more than twice slower)."""
+    out = np.empty((n, len(cols)), np.float32)
+    for lo in range(0, n, ROWS_A_PASS):
+        hi = min(lo + ROWS_A_PASS, n)
+        rows = slice(lo, hi) if take is None else take[lo:hi]
+        block = out[lo:hi]
+        for i, c in enumerate(cols):
+            block[:, i] = c[rows]
+    return out
 
 
 def _order(key, counts: np.ndarray) -> np.ndarray | None:

@@ -367,3 +367,17 @@ def test_interleave_equals_stacking_the_columns_then_taking_rows():
     whole = [c[:n] for c in cols]
     assert np.array_equal(interleave(whole, None, n), np.stack(whole, 1).astype(np.float32))
     assert interleave(whole, None, 0).shape == (0, 3)
+
+
+def test_all_finite_sees_nan_and_inf_and_not_an_overflowing_sum():
+    from voxjet.jets.features import all_finite
+
+    big = np.full(1000, 3e38, np.float32)  # finite values whose float32 sum overflows
+    assert all_finite(big) and all_finite(np.arange(5)) and all_finite(np.zeros(0, np.float32))
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones(10_000, np.float32)
+        x[7777] = bad
+        assert not all_finite(x)
+    x = np.ones(4, np.float64)
+    x[[1, 2]] = [np.inf, -np.inf]  # their sum is NaN; still not finite
+    assert not all_finite(x)

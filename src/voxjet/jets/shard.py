@@ -28,6 +28,7 @@ from voxjet.jets import reweight
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     TEST_SELECTION,
+    all_finite,
     branches_needed,
     compute_features,
     labels_from_onehot,
@@ -264,7 +265,7 @@ def _check_finite(arrays, entries: np.ndarray) -> None:
     for name in arrays.fields:
         col = arrays[name]
         flat = ak.to_numpy(ak.flatten(col)) if col.ndim > 1 else ak.to_numpy(col)
-        if flat.dtype.kind != "f" or np.isfinite(flat).all():
+        if all_finite(flat):
             continue
         per_jet = (
             ak.to_numpy(ak.any(~np.isfinite(col), axis=1)) if col.ndim > 1 else ~np.isfinite(flat)

@@ -270,7 +270,9 @@ class JetStream(torch.utils.data.IterableDataset):
         sets = {k: f[k] for k in (*self.keys, "particles", "offsets")}
         like = {k: (d.shape[1:], d.dtype) for k, d in sets.items()}
         like["source"] = ((2,), np.dtype(np.int64))
-        checks = self._checks.get(shard) or self._checks.setdefault(shard, ShardChecks(f))
+        if shard not in self._checks:
+            self._checks[shard] = ShardChecks(f)
+        checks = self._checks[shard]
         offsets = sets["offsets"][...]
         checks.verify_offsets(offsets)  # reads are sized by them before they are verified
         return _Shard(f, sets, offsets, like, self.shard_numbers[shard], checks)

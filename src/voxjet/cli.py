@@ -194,6 +194,17 @@ def _launch(a: argparse.Namespace) -> None:
         sys.exit(code)
 
 
+def _job(a: argparse.Namespace) -> None:
+    from voxjet.job import run_job
+
+    args = a.args[1:] if a.args[:1] == ["--"] else a.args
+    if not args:
+        raise VoxjetError("job: give the voxjet command to run after --")
+    code = run_job(a.log, a.outputs, lambda: main(args), job=a.log)
+    if code:
+        sys.exit(code)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subcommand a pipeline step."""
     p = argparse.ArgumentParser(prog="voxjet", description=__doc__)
@@ -326,6 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
     s.set_defaults(func=_launch)
+
+    s = sub.add_parser(
+        "job",
+        help="run a voxjet command as a workflow job: a log of its own, its outputs' ledger "
+        "entries marked until it succeeds (what every rule runs)",
+    )
+    s.add_argument("--log", required=True, help="the job's log file (locked while it runs)")
+    s.add_argument("--outputs", nargs="+", required=True, help="the rule's output files")
+    s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
+    s.set_defaults(func=_job)
 
     s = sub.add_parser("predict", help="apply a trained model to new ROOT files or NIfTI images")
     s.add_argument(

@@ -29,6 +29,11 @@ rule aggregate:
         plan=rules.plan_runs.output.json,
         evals=eval_targets(),
         train_logs=train_logs(),
+        ledger=ledgers(
+            rules.list_runs.output[0],
+            rules.plan_runs.output.json,
+            lambda wildcards: eval_targets() + train_logs(),
+        ),
     output:
         csv=report(
             "results/summary/metrics.csv",
@@ -59,5 +64,5 @@ rule aggregate:
     conda:
         ENV
     shell:
-        "voxjet aggregate --runs @{input.runs:q} --out results/summary"
-        " --benchmarks results/benchmarks --plan {input.plan:q} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- aggregate --runs @{input.runs:q} --out results/summary"
+        " --benchmarks results/benchmarks --plan {input.plan:q}"

@@ -12,6 +12,7 @@ from snakemake.settings.types import DeploymentMethod
 
 from voxjet.config import check_config, check_sources, expand_runs, prediction_runs
 from voxjet.errors import VoxjetError
+from voxjet.io.ledger import ensure_entry
 from voxjet.jets.weaver_config import resolve as resolve_weaver
 from voxjet.report.aggregate import run_infos
 from voxjet.stage.transfer import list_sources
@@ -28,6 +29,23 @@ def conda_env():
 
 
 ENV = conda_env()
+
+def ledgers(*made):
+    """An input function: the ledger entries of the rule-made inputs `made` (patterns with the
+    rule's wildcards, or input functions). A job that failed or died leaves its outputs' entries
+    newer than what was built from them, so the next run redoes that instead of calling stale
+    results finished."""
+
+    def entries(wildcards):
+        paths = []
+        for m in made:
+            found = m(wildcards) if callable(m) else m
+            paths += [found] if isinstance(found, str) else list(found)
+        # patterns are filled in as Snakemake fills in what input functions return
+        values = dict(wildcards.items())
+        return [ensure_entry(p.format(**values)) for p in paths]
+
+    return entries
 
 
 wildcard_constraints:
@@ -166,6 +184,11 @@ def stage_input(wildcards):
     if "file_list" in source:
         return source["file_list"]
     return [f.url.removeprefix("file://") for f in local_source_files(wildcards.dataset)]
+
+
+def synthetic_source(wildcards):
+    """The generated folder a synthetic dataset stages from (its synth rule's output)."""
+    return [f"resources/synthetic/{wildcards.dataset}"] if is_synthetic(wildcards.dataset) else []
 
 
 def source_state(wildcards):

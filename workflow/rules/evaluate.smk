@@ -6,6 +6,9 @@ rule evaluate_jets:
         data=data_input(rules.index_jets.output[0]),
         model=rules.train_jets.output.model,
         plan=plan_for_auto,
+        ledger=ledgers(
+            data_input(rules.index_jets.output[0]), rules.train_jets.output.model, plan_for_auto
+        ),
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
         predictions="results/{dataset}/runs/{run}/eval/predictions.h5",
@@ -47,9 +50,9 @@ rule evaluate_jets:
     conda:
         ENV
     shell:
-        "voxjet launch {params.launch} --threads {threads} --"
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " evaluate-jets --shards {params.data:q} --read {params.read:q}"
-        " --model {input.model} --out {params.out} > {log} 2>&1"
+        " --model {input.model} --out {params.out}"
 
 
 rule evaluate_seg:
@@ -57,6 +60,9 @@ rule evaluate_seg:
         data=data_input(rules.gather_cases.output[0]),
         model=rules.train_seg.output.model,
         plan=plan_for_auto,
+        ledger=ledgers(
+            data_input(rules.gather_cases.output[0]), rules.train_seg.output.model, plan_for_auto
+        ),
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
         overlays=report(
@@ -91,6 +97,6 @@ rule evaluate_seg:
     conda:
         ENV
     shell:
-        "voxjet launch {params.launch} --threads {threads} --"
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
-        " --overlap {params.overlap} {params.mirror} --out {params.out} > {log} 2>&1"
+        " --overlap {params.overlap} {params.mirror} --out {params.out}"

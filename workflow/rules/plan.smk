@@ -5,7 +5,8 @@
 
 checkpoint plan_runs:
     input:
-        plan_inputs(),
+        data=plan_inputs(),
+        ledger=ledgers(lambda wildcards: plan_inputs()),
     output:
         json="results/plan/runs.json",
         md=report("results/plan/runs.md", caption="../report/plan.rst", category="Plan"),

@@ -5,6 +5,7 @@
 rule predict:
     input:
         models=predict_models,
+        ledger=ledgers(predict_models),
     output:
         directory("results/predict/{name}/part_{chunk}"),
     params:
@@ -26,5 +27,5 @@ rule predict:
     conda:
         ENV
     shell:
-        "voxjet launch {params.launch} --threads {threads} -- predict --model {input.models}"
-        " --input {params.inputs} --out {output} {params.options} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} -- predict --model {input.models}"
+        " --input {params.inputs} --out {output} {params.options}"

@@ -7,6 +7,7 @@
 rule plan_volumes:
     input:
         manifest=rules.stage.output[0],
+        ledger=ledgers(rules.stage.output[0]),
     output:
         directory("results/{dataset}/plan"),
     params:
@@ -24,14 +25,15 @@ rule plan_volumes:
     conda:
         ENV
     shell:
-        "voxjet plan-volumes --manifest {input.manifest} --out {output}"
-        " --config {params.config:q} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- plan-volumes --manifest {input.manifest} --out {output}"
+        " --config {params.config:q}"
 
 
 rule preprocess_case:
     input:
         manifest=rules.stage.output[0],
         plan=rules.plan_volumes.output[0],
+        ledger=ledgers(rules.stage.output[0], rules.plan_volumes.output[0]),
     output:
         "results/{dataset}/cases/{case}.h5",
     log:
@@ -51,14 +53,15 @@ rule preprocess_case:
     conda:
         ENV
     shell:
-        "voxjet preprocess-case --manifest {input.manifest} --plan {input.plan}"
-        " --case {wildcards.case} --out {output} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- preprocess-case --manifest {input.manifest} --plan {input.plan}"
+        " --case {wildcards.case} --out {output}"
 
 
 rule gather_cases:
     input:
         plan=rules.plan_volumes.output[0],
         cases=case_files,
+        ledger=ledgers(rules.plan_volumes.output[0], case_files),
     output:
         "results/{dataset}/cases/cases.json",
     log:
@@ -74,5 +77,5 @@ rule gather_cases:
     conda:
         ENV
     shell:
-        "voxjet gather-cases --plan {input.plan} --cases results/{wildcards.dataset}/cases"
-        " > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- gather-cases --plan {input.plan}"
+        " --cases results/{wildcards.dataset}/cases"

@@ -5,6 +5,7 @@
 rule shard_jets:
     input:
         manifest=rules.stage.output[0],
+        ledger=ledgers(rules.stage.output[0]),
     output:
         directory("results/{dataset}/shards/part_{part}"),
     params:
@@ -23,13 +24,14 @@ rule shard_jets:
     conda:
         ENV
     shell:
-        "voxjet shard-jets --manifest {input.manifest} --out {output} --part {wildcards.part}"
-        " --config {params.config:q} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- shard-jets --manifest {input.manifest} --out {output} --part {wildcards.part}"
+        " --config {params.config:q}"
 
 
 rule index_jets:
     input:
-        shard_parts,
+        parts=shard_parts,
+        ledger=ledgers(shard_parts),
     output:
         "results/{dataset}/shards/index.json",
     params:
@@ -47,5 +49,5 @@ rule index_jets:
     conda:
         ENV
     shell:
-        "voxjet index-shards --parts {input} --out {output} --config {params.config:q}"
-        " > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- index-shards --parts {input.parts} --out {output}"
+        " --config {params.config:q}"

@@ -3,7 +3,8 @@
 
 rule stage:
     input:
-        stage_input,
+        sources=stage_input,
+        ledger=ledgers(synthetic_source),
     output:
         "resources/{dataset}/manifest.json",
     params:
@@ -24,5 +25,5 @@ rule stage:
     conda:
         ENV
     shell:
-        "voxjet stage {params.source} --dest {params.dest} --manifest {output}"
-        " --workers {params.workers} --retries {params.retries} {params.options} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- stage {params.source} --dest {params.dest} --manifest {output}"
+        " --workers {params.workers} --retries {params.retries} {params.options}"

@@ -20,7 +20,7 @@ rule synth_jets:
     conda:
         ENV
     shell:
-        "voxjet synth-jets --out {output} --workers {threads} {params.args} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- synth-jets --out {output} --workers {threads} {params.args}"
 
 
 rule synth_volumes:
@@ -41,4 +41,4 @@ rule synth_volumes:
     conda:
         ENV
     shell:
-        "voxjet synth-volumes --out {output} {params.args} > {log} 2>&1"
+        "voxjet job --log {log:q} --outputs {output:q} -- synth-volumes --out {output} {params.args}"

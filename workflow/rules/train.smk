@@ -6,6 +6,7 @@ rule train_jets:
     input:
         data=data_input(rules.index_jets.output[0]),
         plan=plan_for_auto,
+        ledger=ledgers(data_input(rules.index_jets.output[0]), plan_for_auto),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -33,15 +34,16 @@ rule train_jets:
     conda:
         ENV
     shell:
-        "voxjet launch {params.launch} --threads {threads} --"
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " train-jets --shards {params.data:q} --read {params.read:q}"
-        " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"
+        " --run-config {params.run_config:q} --out {params.run_dir}"
 
 
 rule train_seg:
     input:
         data=data_input(rules.gather_cases.output[0]),
         plan=plan_for_auto,
+        ledger=ledgers(data_input(rules.gather_cases.output[0]), plan_for_auto),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -69,6 +71,6 @@ rule train_seg:
     conda:
         ENV
     shell:
-        "voxjet launch {params.launch} --threads {threads} --"
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " train-seg --cases {params.data:q} --read {params.read:q}"
-        " --run-config {params.run_config:q} --out {params.run_dir} > {log} 2>&1"
+        " --run-config {params.run_config:q} --out {params.run_dir}"

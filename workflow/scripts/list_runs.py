@@ -3,9 +3,11 @@ over in a file, never on a command line: thousands of runs pass Linux's argument
 
 import sys
 
+from voxjet.job import job_log, ledger_marked
 from voxjet.report.aggregate import RunInfo, write_runs
 
-sys.stderr = open(snakemake.log[0], "w")  # noqa: F821, SIM115 - snakemake is given to scripts
-runs = [RunInfo(**r) for r in snakemake.params.runs]  # noqa: F821
-write_runs(snakemake.output[0], runs)  # noqa: F821
-print(f"{len(runs)} runs listed in {snakemake.output[0]}", file=sys.stderr)  # noqa: F821
+sm = snakemake  # noqa: F821 - given to scripts by Snakemake
+with job_log(sm.log[0]), ledger_marked(list(sm.output), sm.log[0]):
+    runs = [RunInfo(**r) for r in sm.params.runs]
+    write_runs(sm.output[0], runs)
+    print(f"{len(runs)} runs listed in {sm.output[0]}", file=sys.stderr)

@@ -1,11 +1,11 @@
 """Profile and predict every run (voxjet.planner.plan); the runs come from Snakemake's params,
-never a command line."""
+never a command line. Run as every rule's job is (voxjet.job): a log of its own, the outputs'
+ledger entries marked until it succeeds."""
 
-import sys
-
+from voxjet.job import job_log, ledger_marked
 from voxjet.planner.plan import Site, plan_runs
 
-sys.stdout = sys.stderr = open(snakemake.log[0], "w")  # noqa: F821, SIM115
-out = plan_runs(snakemake.params.runs, Site(**snakemake.params.site),  # noqa: F821
-                snakemake.output.json.rsplit("/", 1)[0])  # noqa: F821
-print(f"{len(out['runs'])} runs planned")
+sm = snakemake  # noqa: F821 - given to scripts by Snakemake
+with job_log(sm.log[0]), ledger_marked(list(sm.output), sm.log[0]):
+    out = plan_runs(sm.params.runs, Site(**sm.params.site), sm.output.json.rsplit("/", 1)[0])
+    print(f"{len(out['runs'])} runs planned")

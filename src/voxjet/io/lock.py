@@ -1,6 +1,6 @@
-"""One writer per run folder: the training job holds an exclusive lock on `<run>/.lock`
-(fcntl; released by the kernel when the process dies, however it dies) and a second job that
-would write the same run refuses, naming the holder's host and PID."""
+"""Exclusive locks held for a process's life (fcntl; released by the kernel when the process
+dies, however it dies): one writer per run folder (`<run>/.lock`), one job per log file. A
+second process that would write the same thing refuses, naming the holder's host and PID."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from voxjet.errors import VoxjetError
 from voxjet.io.atomic import HOST
 
 
-class RunLock:
-    """Held from `acquire()` until `release()` or the end of the process."""
+class HeldLock:
+    """Held from `acquire()` until `release()` or the end of the process; `refusal` is the
+    message a second holder gets, with `{holder}` filled in."""
 
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.path = Path(folder) / ".lock"
+    def __init__(self, path: str | os.PathLike, refusal: str) -> None:
+        self.path = Path(path)
+        self.refusal = refusal
         self.fd: int | None = None
 
-    def acquire(self) -> RunLock:
+    def acquire(self) -> HeldLock:
         """Take the lock, or raise naming whoever holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -30,11 +32,7 @@ class RunLock:
         except BlockingIOError:
             holder = self._holder(fd)
             os.close(fd)
-            raise VoxjetError(
-                f"{self.path.parent}: another training job is writing this run ({holder}); "
-                "wait for it to end or stop it, then rerun; two writers would mix their "
-                "checkpoints"
-            ) from None
+            raise VoxjetError(self.refusal.format(holder=holder)) from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"host": HOST, "pid": os.getpid(), "since": time.time()}).encode())
         self.fd = fd
@@ -55,3 +53,14 @@ class RunLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+class RunLock(HeldLock):
+    """The training job's lock on its run folder."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        super().__init__(
+            Path(folder) / ".lock",
+            f"{folder}: another training job is writing this run ({{holder}}); wait for it to "
+            "end or stop it, then rerun; two writers would mix their checkpoints",
+        )

@@ -48,16 +48,20 @@ def snakemake_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def workflow_dir(tmp_path: Path) -> Path:
-    """The workflow's files (no data, no results) copied into a fresh folder."""
-    dest = tmp_path / "wf"
-    dest.mkdir()
+def copy_workflow(dest: Path) -> Path:
+    """The workflow's files (no data, no results) copied into the new folder `dest`."""
+    dest.mkdir(parents=True)
     for name in ("Snakefile", "pyproject.toml"):
         shutil.copy(REPO / name, dest / name)
     for sub in ("workflow", "config", "envs", "profiles"):
         shutil.copytree(REPO / sub, dest / sub)
     return dest
+
+
+@pytest.fixture
+def workflow_dir(tmp_path: Path) -> Path:
+    """The workflow's files (no data, no results) copied into a fresh folder."""
+    return copy_workflow(tmp_path / "wf")
 
 
 def run_snakemake(

@@ -156,8 +156,11 @@ def toy_files(tmp_path_factory):
 def _dataset(toy_files, tmp_path, damage=None):
     src = tmp_path / "src"
     shutil.copytree(toy_files, src)
-    # a second Wqq file: the class keeps jets when the damaged one is skipped
-    shutil.copy(src / "Wqq_000.root", src / "Wqq_001.root")
+    # a second Wqq file (other jets: a copy would be refused as a duplicate): the class keeps
+    # jets when the damaged one is skipped
+    generate_dataset(tmp_path / "more", ToyJetsConfig(classes=["Wqq"], files_per_class=1,
+                     jets_per_file=150, seed=5), progress=False)  # fmt: skip
+    shutil.copy(tmp_path / "more" / "Wqq_000.root", src / "Wqq_001.root")
     if damage:
         damage(src)
     stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"], retries=0)
@@ -511,7 +514,9 @@ def test_predefined_splits_take_whole_files_as_jetclass_ships_them(toy_files, tm
         (src / folder).mkdir(parents=True)
         for f in files:
             shutil.copy(toy_files / f"{f}.root", src / folder / f"{f}.root")
-    stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"])
+    # one toy file a class serves several folders here: duplicates are another test's subject
+    stage(str(src), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"],
+          on_duplicate="ignore")  # fmt: skip
     splits = {"train": "train_100M/*", "val": "val_5M/*", "test": ["test_20M/*.root"]}
     cfg = dict(max_particles=16, jets_per_shard=500, jet_features=["jet_pt"], split_files=splits)
     index = shard_jets(tmp_path / "m.json", tmp_path / "shards", JetDataConfig(**cfg))

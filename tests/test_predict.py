@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import awkward as ak
 import h5py
@@ -180,7 +181,11 @@ def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
     onnx = export_model(model_pt, "onnx", tmp_path / "onnx")
     ts = export_model(model_pt, "torchscript", tmp_path / "ts")
     eager = Softmax(load_trained(model_pt)[0].eval())
-    session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    # deployed as users do: the .onnx copied alone into an empty folder
+    assert sorted(p.name for p in onnx.parent.iterdir()) == ["export.json", "model.onnx"]
+    (tmp_path / "deployed").mkdir()
+    alone = Path(shutil.copy(onnx, tmp_path / "deployed" / "tagger.onnx"))
+    session = ort.InferenceSession(str(alone), providers=["CPUExecutionProvider"])
     script = torch.jit.load(str(ts))
     f = load_trained(model_pt)[1]["model_config"]["n_features"]
     for b, p in ((5, 24), (64, 9)):
@@ -191,6 +196,7 @@ def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
         got_onnx = session.run(None, {"particles": x.numpy(), "mask": mask.numpy()})[0]
         assert np.abs(got_onnx - want).max() <= 1e-4 and np.abs(got_ts - want).max() <= 1e-4
     info = json.loads((tmp_path / "onnx" / "export.json").read_text())
+    assert info["files"] == ["model.onnx"]
     assert info["classes"] == ["QCD", "Hbb", "Wqq", "Tbqq"] and info["jets_config"]["tree"]
 
 

@@ -59,11 +59,11 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp
     for b in train:
         assert "slurm_partition=gpu" in b and "torchrun" not in b
         if "run=pfn_scale-1" in b:  # its scaling study's sizes are GPUs now
-            assert "gpu=1" in b and "voxjet launch --gpus 1 --cpu-processes 1" in b
+            assert "gpu=1" in b and "-- launch --gpus 1 --cpu-processes 1" in b
         elif "run=pfn_" in b:  # the experiment given GPUs asks for them, one process each
-            assert "gpu=2" in b and "voxjet launch --gpus 2 --cpu-processes 1" in b
+            assert "gpu=2" in b and "-- launch --gpus 2 --cpu-processes 1" in b
         else:  # the demo's experiments ask for the CPU
-            assert "gpu=0" in b and "voxjet launch --gpus 0" in b
+            assert "gpu=0" in b and "-- launch --gpus 0" in b
         assert "--threads " in b  # shared by the processes (OMP_NUM_THREADS each)
     stage = [b for b in blocks if b.startswith("stage:")]
     assert stage and all("slurm_partition=cpu" in b for b in stage)
@@ -299,7 +299,7 @@ def test_a_sweep_on_auto_gpus_follows_the_planners_allocation(workflow_dir, shar
     train = [b for b in after.stdout.split("\nrule ") if b.startswith("train_jets")]
     assert len(train) == 8
     for b in train:
-        assert "gpu=8" in b and "voxjet launch --gpus 4 --cpu-processes 1 --nodes 2" in b, b
+        assert "gpu=8" in b and "-- launch --gpus 4 --cpu-processes 1 --nodes 2" in b, b
     del cfg["site"]["gpu_budget"]
     refused = run_snakemake(workflow_dir, "-n", "--configfile",
                             str(write_config(tmp_path / "nobudget.yaml", cfg)),

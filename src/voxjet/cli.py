@@ -64,6 +64,7 @@ def _stage(a: argparse.Namespace) -> None:
         retries=a.retries,
         file_list=a.file_list,
         on_bad_file=a.on_bad_file,
+        on_duplicate=a.on_duplicate,
     )
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
@@ -242,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["fail", "skip"],
         default="fail",
         help="a ROOT file without the tree or unreadable: stop, or stage it marked unreadable",
+    )
+    s.add_argument(
+        "--on-duplicate",
+        choices=["fail", "skip", "ignore"],
+        default="fail",
+        help="two files with the same checksum: stop naming both, stage the first only, or "
+        "do not compare (volumes: their planning compares cases)",
     )
     s.add_argument("--workers", type=int, default=4)
     s.add_argument("--retries", type=int, default=3)

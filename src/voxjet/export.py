@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import torch
 from torch import nn
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.atomic import atomic_path, temporary_name, write_json
 
 TOLERANCE = 1e-4  # max |exported − eager| accepted
 
@@ -62,8 +64,14 @@ def _check(name: str, run, eager: nn.Module, n_features: int) -> float:
     return worst
 
 
-def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> float:
-    """The tagger as ONNX with dynamic batch and particle count; the largest deviation."""
+# ONNX's protobuf limit: larger models keep their weights in an external-data file
+ONNX_INLINE_LIMIT = 2 * 2**30 - 64 * 2**20
+
+
+def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> tuple[float, list]:
+    """The tagger as ONNX with dynamic batch and particle count; the largest deviation and the
+    files written (the model alone, or with `<name>.data` when its weights pass 2 GB). The
+    check loads a copy of those files from another folder: what is deployed is what passed."""
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -72,29 +80,51 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> 
 
     x, mask = _jet_inputs(2, length, n_features, seed=9)
     names = {"input_names": ["particles", "mask"], "output_names": ["softmax"]}
-    with atomic_path(path) as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:  # torch.export first; where it cannot trace a model, TorchScript tracing
-            dims = {0: torch.export.Dim("jets"), 1: torch.export.Dim("particles")}
-            torch.onnx.export(tagger, (x, mask), str(tmp), dynamo=True,
-                              dynamic_shapes=(dims, dims), **names)  # fmt: skip
-            how = "torch.export"
-        except Exception as e:  # noqa: BLE001 - the tracer's own failure, then the other way
-            print(f"export: torch.export could not export it ({type(e).__name__}); tracing",
-                  file=sys.stderr)  # fmt: skip
-            axes = {"particles": {0: "jets", 1: "particles"}, "mask": {0: "jets", 1: "particles"},
-                    "softmax": {0: "jets"}}  # fmt: skip
-            torch.onnx.export(tagger, (x, mask), str(tmp), dynamo=False, dynamic_axes=axes,
-                              opset_version=17, **names)  # fmt: skip
-            how = "TorchScript tracing"
-        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+    weights = sum(t.numel() * t.element_size() for t in tagger.state_dict().values())
+    external = weights > ONNX_INLINE_LIMIT
+    # written under its final name inside a private folder, so that an external-data file is
+    # named after the final name (the model refers to it by that name)
+    work = temporary_name(path)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        staged = work / path.name
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:  # torch.export first; where it cannot trace a model, TorchScript tracing
+                dims = {0: torch.export.Dim("jets"), 1: torch.export.Dim("particles")}
+                torch.onnx.export(tagger, (x, mask), str(staged), dynamo=True,
+                                  dynamic_shapes=(dims, dims), external_data=external,
+                                  **names)  # fmt: skip
+                how = "torch.export"
+            except Exception as e:  # noqa: BLE001 - the tracer's own failure, then the other way
+                print(f"export: torch.export could not export it ({type(e).__name__}); tracing",
+                      file=sys.stderr)  # fmt: skip
+                axes = {"particles": {0: "jets", 1: "particles"},
+                        "mask": {0: "jets", 1: "particles"}, "softmax": {0: "jets"}}  # fmt: skip
+                torch.onnx.export(tagger, (x, mask), str(staged), dynamo=False,
+                                  dynamic_axes=axes, opset_version=17, **names)  # fmt: skip
+                how = "TorchScript tracing"
+        files = sorted(p.name for p in work.iterdir())
+        if not external and files != [path.name]:
+            raise VoxjetError(f"export onnx: the exporter wrote {files}, not one self-contained "
+                              f"{path.name}; not kept")  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="voxjet-onnx-check-") as elsewhere:
+            for f in files:
+                shutil.copy2(work / f, Path(elsewhere) / f)
+            session = ort.InferenceSession(str(Path(elsewhere) / path.name),
+                                           providers=["CPUExecutionProvider"])  # fmt: skip
 
-        def run(p, m):
-            return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})[0]
+            def run(p, m):
+                return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})[0]
 
-        worst = _check("onnx", run, tagger, n_features)
-    print(f"export: ONNX via {how}, max deviation {worst:.2e}", file=sys.stderr)
-    return worst
+            worst = _check("onnx", run, tagger, n_features)
+        for f in sorted(files, key=lambda f: f == path.name):  # the model last: it counts
+            os.replace(work / f, path.parent / f)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"export: ONNX via {how}, max deviation {worst:.2e}, files {files}", file=sys.stderr)
+    return worst, files
 
 
 def export_torchscript_tagger(tagger: nn.Module, n_features: int, length: int, path: Path) -> float:
@@ -143,10 +173,11 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
     )
     if fmt == "onnx":
         target = out / "model.onnx"
-        worst = export_onnx(tagger, n_features, length, target)
+        worst, files = export_onnx(tagger, n_features, length, target)
     elif fmt == "torchscript":
         target = out / "model.ts"
         worst = export_torchscript_tagger(tagger, n_features, length, target)
+        files = [target.name]
     else:
         raise VoxjetError(f"export --format {fmt}: a jet tagger exports as onnx or torchscript")
     write_json(
@@ -154,6 +185,7 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
         {
             "format": fmt,
             "file": target.name,
+            "files": files,
             "inputs": {
                 "particles": f"float32 [jets, particles, {n_features}]: "
                 + ", ".join(cfg.get("feature_names") or []),

@@ -183,7 +183,9 @@ def stage_input(wildcards):
         return f"resources/synthetic/{wildcards.dataset}"
     if "file_list" in source:
         return source["file_list"]
-    return [f.url.removeprefix("file://") for f in local_source_files(wildcards.dataset)]
+    files = [f.url.removeprefix("file://") for f in local_source_files(wildcards.dataset)]
+    # a relative source.path stays relative: the workflow folder can move without restaging
+    return files if os.path.isabs(source["path"]) else [os.path.relpath(f) for f in files]
 
 
 def synthetic_source(wildcards):
@@ -217,6 +219,9 @@ def stage_options(wildcards):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":
         opts += ["--tree", ds["jets"]["tree"], "--on-bad-file", ds["jets"]["on_bad_file"]]
+        opts += ["--on-duplicate", ds["source"]["on_duplicate"]]
+    else:  # identical label files are common (empty masks); the planning compares cases
+        opts += ["--on-duplicate", "ignore"]
     return " ".join(f"'{o}'" for o in opts)
 
 
@@ -234,6 +239,9 @@ def data_config(section):
         cfg = dataset_cfg(wildcards.dataset)[section]
         if section == "jets":
             cfg = resolve_weaver(cfg, f"datasets.{wildcards.dataset}.jets")
+        elif "on_duplicate" in dataset_cfg(wildcards.dataset)["source"]:
+            # planning compares the cases' images (the stage cannot: label files may repeat)
+            cfg = {**cfg, "on_duplicate": dataset_cfg(wildcards.dataset)["source"]["on_duplicate"]}
         return json.dumps(cfg, sort_keys=True)
 
     return resolved

@@ -32,6 +32,11 @@ def _tmp_name(final: Path, kind: str = "tmp") -> Path:
     return final.with_name(f".{final.name}.{kind}-{HOST}-{os.getpid()}")
 
 
+def temporary_name(final: str | os.PathLike) -> Path:
+    """This process's temporary name beside `final` (what a dead process's clean-up finds)."""
+    return _tmp_name(Path(final))
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)

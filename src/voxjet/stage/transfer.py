@@ -200,11 +200,14 @@ def stage(
     backoff: float = 0.5,
     file_list: str | None = None,
     on_bad_file: str = "fail",
+    on_duplicate: str = "fail",
 ) -> dict:
     """Stage `source` (or the files a `file_list` names) into `dest` and write the manifest
     last; returns the manifest. A ROOT file that cannot be opened or lacks the tree stops
     staging, or with on_bad_file "skip" is staged and recorded with its reason (`unreadable`)
-    so that the shard job skips it, naming it."""
+    so that the shard job skips it, naming it. Two files with one checksum stop it naming both
+    (`on_duplicate` "skip": the first by name is kept; "ignore": no check, for volumes, whose
+    planning compares cases instead)."""
     dest = Path(dest)
     if file_list:
         files = list_from_file(file_list, patterns or ["*"])
@@ -269,9 +272,41 @@ def stage(
         file=sys.stderr,
     )
     records.sort(key=lambda r: r["path"])
+    records, duplicates = drop_duplicates(records, on_duplicate)
     manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
+    if duplicates:
+        manifest["duplicates"] = duplicates
     write_json(manifest_path, manifest)
     return manifest
+
+
+def drop_duplicates(records: list[dict], on_duplicate: str) -> tuple[list[dict], list[dict]]:
+    """Records (sorted by path) without those whose content an earlier one has, and those left
+    out as {path, same_as}; with on_duplicate "fail", the first pair found stops staging."""
+    if on_duplicate == "ignore":
+        return records, []
+    first: dict[tuple, str] = {}
+    kept, dropped = [], []
+    for r in records:
+        key = (r["size"], *sorted(r["checksum"].items()))
+        if key not in first:
+            first[key] = r["path"]
+            kept.append(r)
+            continue
+        if on_duplicate != "skip":
+            algorithm, digest = sorted(r["checksum"].items())[0]
+            raise VoxjetError(
+                f"{first[key]} and {r['path']} have the same content ({algorithm} {digest}): "
+                "one file under two names puts the same jets (or cases) in the training and "
+                "the test split. Remove one of them from the source, or set the dataset's "
+                "source.on_duplicate: skip to stage the first and leave the other out"
+            )
+        dropped.append({"path": r["path"], "same_as": first[key]})
+    if dropped:
+        pairs = ", ".join(f"{d['path']} (= {d['same_as']})" for d in dropped)
+        print(f"stage: {len(dropped)} files left out as duplicates of others: {pairs}",
+              file=sys.stderr)  # fmt: skip
+    return kept, dropped
 
 
 class Ledger:

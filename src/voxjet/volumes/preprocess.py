@@ -55,6 +55,7 @@ class VolumePrepConfig:
     test_fraction: float = 0.2
     foreground_samples: int = 10000
     on_bad_case: str = "fail"
+    on_duplicate: str = "fail"  # the source's: two cases whose images are the same files
     storage: str = "mapped"
     seed: int = 42
 
@@ -438,9 +439,43 @@ def kfold(case_ids: list[str], k: int, seed: int) -> list[dict[str, list[str]]]:
     ]
 
 
-def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
-    """Check every case, split the good ones, fingerprint the training cases and plan."""
-    stats, skipped = inspect_cases(ds, [c.case_id for c in ds.cases], cfg)
+def duplicate_cases(ds: MSDDataset, manifest: dict, on_duplicate: str) -> dict[str, str]:
+    """Cases whose images are byte for byte another case's (the stage's checksums): with
+    on_duplicate "fail" the first pair stops planning naming both; with "skip" the later case
+    by id is returned with the reason it is left out."""
+    sums = {os.path.normpath(f["path"]): tuple(sorted(f["checksum"].items()))
+            for f in manifest.get("files", [])}  # fmt: skip
+    first: dict[tuple, Case] = {}
+    dropped = {}
+    for case in sorted(ds.cases, key=lambda c: c.case_id):
+        key = tuple(sums.get(os.path.normpath(i)) for i in case.images)
+        if None in key:  # a file the stage did not check (not staged): nothing to compare
+            continue
+        if key not in first:
+            first[key] = case
+            continue
+        other = first[key]
+        if on_duplicate != "skip":
+            raise VoxjetError(
+                f"cases {other.case_id!r} ({', '.join(other.images)}) and {case.case_id!r} "
+                f"({', '.join(case.images)}) have identical images: one case under two names "
+                "can land in the training and the test split. Remove one from the dataset "
+                "(and dataset.json), or set the dataset's source.on_duplicate: skip"
+            )
+        dropped[case.case_id] = f"its images are identical to case {other.case_id!r}'s"
+    return dropped
+
+
+def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig, manifest: dict | None = None) -> dict:
+    """Check every case, split the good ones, fingerprint the training cases and plan (cases
+    identical to another, found through the `manifest`'s checksums, are refused or skipped)."""
+    duplicates = duplicate_cases(ds, manifest, cfg.on_duplicate) if manifest else {}
+    if duplicates:
+        print(f"{len(duplicates)} cases left out as duplicates: {sorted(duplicates)}",
+              file=sys.stderr)  # fmt: skip
+    ids = [c.case_id for c in ds.cases if c.case_id not in duplicates]
+    stats, skipped = inspect_cases(ds, ids, cfg)
+    skipped.update(duplicates)
     split = split_cases(list(stats), cfg, ds)
     training = split["train"] + split["val"] if ds.folds else split["train"]
     fp = fingerprint_from({c: stats[c] for c in training}, ds)
@@ -461,7 +496,7 @@ def preprocess_dataset(
     manifest = read_json(manifest_path)
     with _naming_sources(manifest):
         ds = load_dataset(manifest["root"])
-        planned = plan_dataset(ds, cfg)
+        planned = plan_dataset(ds, cfg, manifest)
         plan, fp = planned["plan"], planned["fingerprint"]
         good = [c for c in ds.cases if c.case_id not in planned["skipped"]]
         summaries = []
@@ -492,7 +527,7 @@ def plan_volumes(
     manifest = read_json(manifest_path)
     with _naming_sources(manifest):
         ds = load_dataset(manifest["root"])
-        planned = plan_dataset(ds, cfg)
+        planned = plan_dataset(ds, cfg, manifest)
     with atomic_path(out_dir, directory=True) as tmp:
         _write_json_files(tmp, planned)
     return planned["plan"]

@@ -47,6 +47,9 @@ def _closure(names: list[str]) -> set[str]:
 def test_a_user_install_pulls_no_test_tools_and_no_pythia():
     pulled = _closure([r.name for r in BASE])
     assert {"torch", "snakemake", "uproot", "monai"} <= pulled
+    # README's `snakemake --report results/report.html` after `make demo`'s install: the
+    # report needs pygments, which snakemake leaves to the user
+    assert "pygments" in pulled
     assert not pulled & TEST_TOOLS, pulled & TEST_TOOLS
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert {_key(Requirement(r).name) for r in extras["remote"]} >= {"s3fs", "fsspec-xrootd"}

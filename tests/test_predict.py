@@ -285,3 +285,41 @@ def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, 
         inter = ((sa == c) & (sb == c)).sum()
         if (sb == c).sum() > 50:
             assert 2 * inter / ((sa == c).sum() + (sb == c).sum()) > 0.9
+
+
+def test_outputs_never_go_over_inputs(tagger, tmp_path):
+    """predict --out the input folder (or inside it, or above it), stage --dest inside its
+    source, export --out the run folder: refused naming both; the inputs byte-identical."""
+    from voxjet.cli import main
+
+    data = tmp_path / "data"
+    shutil.copytree(tagger / "raw", data)
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    model = str(tagger / "run" / "model.pt")
+    for out, how in ((data, "is"), (data / "scores", "lies inside"), (tmp_path, "holds")):
+        with pytest.raises(VoxjetError, match=rf"predict: --out {out} {how} the input"):
+            main_or_raise(main, ["predict", "--model", model, "--input", str(data),
+                                 "--out", str(out)])  # fmt: skip
+    with pytest.raises(VoxjetError, match=r"predict: --out .* the input .*\*\.root"):
+        main_or_raise(main, ["predict", "--model", model, "--input", f"{data}/*.root",
+                             "--out", str(data)])  # fmt: skip
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+    with pytest.raises(VoxjetError, match=r"stage: --dest .*/data/staged lies inside the input"):
+        main_or_raise(main, ["stage", "--source", str(data), "--dest", str(data / "staged"),
+                             "--manifest", str(tmp_path / "m.json")])  # fmt: skip
+    with pytest.raises(VoxjetError, match=r"export: --out .*/run holds the input .*model\.pt"):
+        main_or_raise(main, ["export", "--model", model, "--format", "torchscript",
+                             "--out", str(tagger / "run")])  # fmt: skip
+    assert sorted(p.name for p in data.iterdir()) == sorted(before)
+
+
+def main_or_raise(main, argv) -> None:
+    """The CLI's exit code 2 turned back into the error it printed."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    if code:
+        raise VoxjetError(err.getvalue().strip())

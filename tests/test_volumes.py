@@ -305,7 +305,17 @@ def _manifest(tmp_path, root):
         ("2d", r"c_001\.nii\.gz: image of shape \(40, 36\)"),
         ("5d", r"c_001\.nii\.gz: image of shape \(40, 36, 14, 1, 2\)"),
         ("shape", r"labelsTr/c_001\.nii\.gz: shape .* differs from the image's"),
-        ("affine", r"labelsTr/c_001\.nii\.gz: affine differs"),
+        (
+            "affine",
+            r"labelsTr/c_001\.nii\.gz: affine differs from the image's \(c_001\.nii"
+            r"\.gz\) by up to 1\.5 mm at the grid's corners.*give the label the image's "
+            r"affine",
+        ),
+        (
+            "sheared",
+            r"imagesTr/c_001\.nii\.gz: sheared affine \(voxel axes 0 and 1 meet at "
+            r"7\d\.\d\d° instead of 90°; case c_001\).*orthogonal grid",
+        ),
         ("values", r"labelsTr/c_001\.nii\.gz: label values \[7\] are not declared"),
         ("empty", r"labelsTr/c_001\.nii\.gz: no foreground"),
         ("notnifti", r"imagesTr/c_001\.nii\.gz: not a readable image"),
@@ -333,8 +343,15 @@ def test_bad_cases_fail_naming_file_and_problem_or_are_skipped(tmp_path, problem
         lbl = np.zeros_like(lbl)
     cases[1] = (img, lbl, aff)
     root = _msd(tmp_path / "ds", cases)
-    if problem == "affine":
-        nib.save(nib.Nifti1Image(lbl, aff * 2), root / "labelsTr" / "c_001.nii.gz")
+    if problem == "affine":  # the label's grid 1.5 mm off the image's
+        shifted = aff.copy()
+        shifted[0, 3] += 1.5
+        nib.save(nib.Nifti1Image(lbl, shifted), root / "labelsTr" / "c_001.nii.gz")
+    if problem == "sheared":  # x grows with j as well: axes 0 and 1 not perpendicular
+        sheared = aff.copy()
+        sheared[0, 1] = 0.3
+        for sub, arr in (("imagesTr", img), ("labelsTr", lbl)):
+            nib.save(nib.Nifti1Image(arr, sheared), root / sub / "c_001.nii.gz")
     if problem == "notnifti":
         (root / "imagesTr" / "c_001.nii.gz").write_bytes(b"this is not a NIfTI file")
     if problem == "2d":  # the label is 2-D too: the image's dimension is what is reported
@@ -353,6 +370,30 @@ def test_bad_cases_fail_naming_file_and_problem_or_are_skipped(tmp_path, problem
     assert not (tmp_path / "out" / "c_001.h5").exists() and (tmp_path / "out" / "c_000.h5").exists()
     splits = json.loads((tmp_path / "out" / "splits.json").read_text())
     assert "c_001" not in sum(splits.values(), [])
+
+
+def test_two_cases_with_identical_images_are_refused_naming_both(tmp_path):
+    """One case under two names (the stage's checksums show it): planning stops naming both
+    cases and files; with on_duplicate: skip the later one is left out, saying why."""
+    from voxjet.stage.transfer import stage
+    from voxjet.volumes.preprocess import plan_volumes
+
+    cases = [_blob_case(seed=i) for i in range(4)]
+    cases.append(cases[2])
+    root = _msd(tmp_path / "ds", cases)
+    stage(str(root), tmp_path / "staged", tmp_path / "m.json", on_duplicate="ignore")
+    cfg = dict(patch_size=[16, 16, 8], network_depth=2, val_fraction=0.25, test_fraction=0.0)
+    with pytest.raises(
+        VoxjetError,
+        match=r"cases 'c_002' \(\./imagesTr/c_002\.nii\.gz\) and "
+        r"'c_004' \(\./imagesTr/c_004\.nii\.gz\) have identical images",
+    ):
+        plan_volumes(tmp_path / "m.json", tmp_path / "plan", VolumePrepConfig(**cfg))
+    assert not (tmp_path / "plan").exists()
+    plan_volumes(tmp_path / "m.json", tmp_path / "plan",
+                 VolumePrepConfig(**cfg, on_duplicate="skip"))  # fmt: skip
+    skipped = json.loads((tmp_path / "plan" / "skipped.json").read_text())
+    assert skipped == {"c_004": "its images are identical to case 'c_002''s"}
 
 
 def test_label_round_trip_through_plan_space_on_non_ras_anisotropic_input(tmp_path):

@@ -22,6 +22,7 @@ from torch import nn
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, temporary_name, write_json
+from voxjet.io.overlap import refuse_overlap
 
 TOLERANCE = 1e-4  # max |exported − eager| accepted
 
@@ -145,6 +146,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
     or folder written."""
     from voxjet.predict import model_domain
 
+    refuse_overlap(out_dir, [str(model_path)], "export", "--out")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     domain = model_domain(model_path)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from voxjet.errors import VoxjetError
+from voxjet.io.overlap import refuse_overlap
 
 
 def model_domain(model_path: str | os.PathLike) -> str:
@@ -80,6 +81,7 @@ def run_predict(
     """Predict every input with this process's share; returns the outputs written here."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
+    refuse_overlap(out_dir, inputs, "predict", "--out")
     models = choose_models([model_path] if isinstance(model_path, str) else list(model_path))
     domain = model_domain(models[0])
     rt = init_runtime()

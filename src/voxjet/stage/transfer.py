@@ -24,6 +24,7 @@ import fsspec
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json, write_json
+from voxjet.io.overlap import refuse_overlap
 from voxjet.progress import Progress
 from voxjet.stage.checksum import CHUNK, algorithm_for, checksum_file, new_hasher
 
@@ -211,7 +212,9 @@ def stage(
     dest = Path(dest)
     if file_list:
         files = list_from_file(file_list, patterns or ["*"])
+        refuse_overlap(dest, [f.url for f in files], "stage", "--dest")
     else:
+        refuse_overlap(dest, [source], "stage", "--dest")
         _, files = list_sources(source, patterns or ["*"])
     previous = {}
     if Path(manifest_path).is_file():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import nibabel as nib
 import numpy as np
 
+from voxjet.errors import VoxjetError
+
 
 def to_ras(data: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """Array axes reordered/flipped to RAS (the first three axes)."""
@@ -27,6 +29,43 @@ def ras_spacing(affine: np.ndarray) -> np.ndarray:
     for axis, (ras_axis, _) in enumerate(ornt):
         out[int(ras_axis)] = zooms[axis]
     return out
+
+
+SHEAR_TOLERANCE_DEG = 0.05  # float32 headers of orthogonal grids stay far below this
+
+
+def shear_degrees(affine: np.ndarray) -> tuple[float, int, int]:
+    """How far two voxel axes are from perpendicular, and which (0 for any orthogonal grid,
+    rotated or not)."""
+    cols = np.asarray(affine, float)[:3, :3]
+    cols = cols / np.linalg.norm(cols, axis=0)
+    worst = (0.0, 0, 1)
+    for i in range(3):
+        for j in range(i + 1, 3):
+            angle = np.degrees(np.arccos(np.clip(abs(cols[:, i] @ cols[:, j]), 0.0, 1.0)))
+            worst = max(worst, (float(90.0 - angle), i, j))
+    return worst
+
+
+def refuse_shear(affine: np.ndarray, path, case: str) -> None:
+    """Stop, naming the file, the case and the angle, when the grid is sheared: reorienting
+    and resampling as if it were orthogonal would misplace voxels (and misstate spacing)."""
+    shear, i, j = shear_degrees(affine)
+    if shear > SHEAR_TOLERANCE_DEG:
+        raise VoxjetError(
+            f"{path}: sheared affine (voxel axes {i} and {j} meet at {90 - shear:.2f}° instead "
+            f"of 90°; case {case}); voxjet resamples orthogonal grids only. Resample the image "
+            "(and its label) onto an orthogonal grid first, e.g. SimpleITK's Resample or "
+            "nibabel.processing.resample_from_to, or drop the case"
+        )
+
+
+def corner_distance_mm(a: np.ndarray, b: np.ndarray, shape) -> float:
+    """The largest distance between where two affines put the corners of a grid of `shape`."""
+    corners = np.array([[x, y, z, 1.0] for x in (0, shape[0] - 1) for y in (0, shape[1] - 1)
+                        for z in (0, shape[2] - 1)])  # fmt: skip
+    return float(np.linalg.norm((corners @ np.asarray(a).T - corners @ np.asarray(b).T)[:, :3],
+                                axis=1).max())  # fmt: skip
 
 
 def as_tensor(arr: np.ndarray):

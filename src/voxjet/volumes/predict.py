@@ -98,7 +98,7 @@ def case_inputs(inputs: list[str]) -> list[InputCase]:
 def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
     """The case's image [C, X, Y, Z] in RAS, and its original affine (all channels on one
     grid)."""
-    from voxjet.volumes.geometry import to_ras
+    from voxjet.volumes.geometry import refuse_shear, to_ras
     from voxjet.volumes.images import read_image
 
     arrays, affine, shape = [], None, None
@@ -106,6 +106,7 @@ def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
         data, aff = read_image(f)
         if data.ndim not in (3, 4):
             raise VoxjetError(f"{f}: an image of shape {data.shape}; expected 3-D or 4-D")
+        refuse_shear(aff, f, case.case_id)
         if affine is None:
             affine, shape = aff, data.shape[:3]
         elif data.shape[:3] != shape or not np.allclose(aff, affine, atol=1e-3):

@@ -31,8 +31,10 @@ from voxjet.progress import progress
 from voxjet.stage.transfer import name_sources
 from voxjet.volumes.geometry import (
     as_tensor,
+    corner_distance_mm,
     plan_shape,
     ras_spacing,
+    refuse_shear,
     to_ras,
     zoom_labels,
     zoom_to,
@@ -105,6 +107,7 @@ def read_channels(ds: MSDDataset, case: Case) -> tuple[np.ndarray, np.ndarray]:
                 f"{path}: image of shape {data.shape}; expected 3-D, or 4-D with channels last "
                 f"(case {case.case_id})"
             )
+        refuse_shear(aff, path, case.case_id)
         if affine is None:
             affine, shape = aff, data.shape[:3]
         elif data.shape[:3] != shape or not np.allclose(aff, affine, atol=1e-3, rtol=1e-3):
@@ -137,8 +140,13 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
             "fix or drop this case"
         )
     if not np.allclose(affine, laff, atol=1e-3, rtol=1e-3):
+        mm = corner_distance_mm(affine, laff, label.shape)
         raise VoxjetError(
-            f"{lpath}: affine differs from the image's; the label is not in the image's space"
+            f"{lpath}: affine differs from the image's ({ds.path(case.images[0]).name}) by up "
+            f"to {mm:.3g} mm at the grid's corners; the label is not in the image's space. "
+            "If only its header is off (a tool that rewrote it), give the label the image's "
+            "affine (nibabel: nib.save(nib.Nifti1Image(label, image.affine), path)); else "
+            "export the label again on the image's grid, or drop the case"
         )
     values = _label_values(label)
     bad = sorted(set(values.tolist()) - set(ds.labels))

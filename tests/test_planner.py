@@ -17,6 +17,7 @@ from voxjet.planner.model import (
     Links,
     Profile,
     buckets,
+    cpu_slowdown,
     predict_pipeline_step,
     predict_step,
     ring_allreduce_s,
@@ -117,7 +118,14 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
     assert [r["own"] for r in a["predictions"]] == [True, False, False]
     assert [r["own"] for r in b["predictions"]] == [False, True, False]
     for r in a["predictions"]:
-        assert r["time_to_steps_s"] == pytest.approx(100 * r["step_s"])
+        # 100 steps, a validation (each process its share; 4 processes share 2 cores, so
+        # theirs takes longer) and a checkpoint at the last
+        n = r["processes_total"]
+        share = plan_module.validation_at(Profile(**prof), n)  # measured at 1, 2 and 4
+        assert share == dict(prof["validation_shares"])[n]
+        extra = share * cpu_slowdown(1, 1, n, 2) + prof["checkpoint_s"]
+        assert r["time_to_steps_s"] == pytest.approx(100 * r["step_s"] + extra)
+        assert r["loop_overhead_s"] == pytest.approx(extra) and extra > 0
         assert r["energy_kwh"] is None  # no site.device_power_w: not predicted
     # 4 processes on 2 cores share them: no faster than 2
     assert a["predictions"][2]["items_per_s"] <= a["predictions"][1]["items_per_s"] * 1.01
@@ -177,3 +185,67 @@ def test_the_plan_runs_command_writes_the_plan(shards, tmp_path, capsys):
     assert saved["site"]["gpu_budget"] == 2 and saved["allocation"]["choice"] in (1, 2)
     assert main(["plan-runs", "--runs", f"@{runs}", "--site", '{"gpus": 2}', "--out", "x"]) == 2
     assert "site: unknown keys ['gpus']" in capsys.readouterr().err
+
+
+def test_a_profile_that_cannot_finish_in_the_jobs_time_names_the_run(shards, tmp_path):
+    with pytest.raises(VoxjetError, match=r"run pfn_a: profiling cannot finish in the plan job's "
+                       r"time: a step takes .*\(set-resources: plan_runs: runtime"):  # fmt: skip
+        plan_runs(_runs(shards), Site(), tmp_path / "plan", time_limit_s=0.001)
+    assert not (tmp_path / "plan").exists()
+
+
+def test_validation_beyond_the_measured_shares_follows_a_plus_b_over_n():
+    p = Profile(0.01, 0.02, 0.005, grad_bytes=1e6, batch=64, validation_s=1.0,
+                validation_shares=[[1, 1.0], [2, 0.6], [4, 0.4]])  # fmt: skip
+    assert plan_module.validation_at(p, 2) == 0.6
+    assert plan_module.validation_at(p, 8) == pytest.approx(0.3)  # 0.2 + 0.8 / 8
+    assert plan_module.validation_at(Profile(0, 0, 0, 0, 1, validation_s=2.0), 4) == 0.5
+
+
+def test_the_loop_validates_and_checkpoints_where_the_prediction_counts():
+    from voxjet.planner.plan import _at
+
+    assert _at(200, 600) == 3  # 200, 400 and 600
+    assert _at(30, 100) == 4  # 30, 60, 90 and the last
+    assert _at(0, 100) == 0
+    # between the windows after the first (steps 10..599): 200 and 400; 600 comes after them
+    assert _at(200, 600, first=10) == 2
+    assert _at(10, 600, first=10) == 59
+
+
+def test_the_median_profile_shrugs_off_a_descheduled_step():
+    """Steps that waited for a descheduled thread (the mean of 40 PFN steps was 12 times its
+    median under load) move the median, the profile's statistic, by little."""
+    from voxjet.planner.plan import _median, _precise, _settled
+
+    steady = [0.006 + 0.0002 * (k % 3) for k in range(40)]
+    loaded = steady[:]
+    loaded[5], loaded[17], loaded[30] = 0.56, 0.3, 0.2
+    assert _median(loaded) == pytest.approx(_median(steady), rel=0.04)
+    assert sum(loaded) / 40 > 3 * _median(loaded)
+    assert _precise(steady, 0.02) and not _precise([0.01, 0.02, 0.05, 0.001], 0.02)
+    assert _settled([0.5, 0.1, 0.011, 0.01, 0.0105, 0.0102, 0.0101])
+    assert not _settled([0.5, 0.1, 0.05, 0.02, 0.01])
+
+
+def test_the_measured_rate_is_items_over_seconds_after_the_first_window():
+    from voxjet.report.scaling import steady_rate
+
+    log = [
+        {"step": 10, "loss": 1, "jets_per_s": 10.0, "window_s": 5.0},  # start-up
+        {"step": 20, "loss": 1, "jets_per_s": 100.0, "window_s": 1.0},
+        {"step": 25, "split": "val", "score": 0.5},
+        {"step": 30, "loss": 1, "jets_per_s": 50.0, "window_s": 2.0},
+    ]  # with a validation
+    assert steady_rate(log) == (pytest.approx(200 / 3), "jets")
+    old = [{k: v for k, v in r.items() if k != "window_s"} for r in log]
+    assert steady_rate(old) == (pytest.approx(75.0), "jets")  # older logs: the windows' mean
+
+
+def test_the_link_is_measured_between_two_processes_at_ddps_bucket_sizes():
+    """What the planner does with NCCL when its job holds two GPUs, here with gloo (the same
+    code): a positive bandwidth and latency from two message sizes."""
+    from voxjet.planner.links import measure_link
+
+    bw, lat = measure_link("gloo", sizes=(2**16, 2**22), repeats=5)
+    assert bw > 1e6 and 0 <= lat < 0.1

@@ -430,6 +430,21 @@ def plan_run_list():
     return out
 
 
+def plan_threads():
+    """The most threads any run's process trains with (voxjet launch's share of launch.threads)."""
+    from voxjet.planner.plan import profile_threads
+
+    return max([profile_threads(r) for r in plan_run_list()] or [1])
+
+
 def plan_gpus():
-    """The planner profiles on one GPU when any run trains on GPUs."""
-    return int(any(_run_processes(r)[1] for r in RUNS.values()))
+    """The planner profiles on one GPU when any run trains on GPUs, and holds two when a run
+    trains on several a node: it measures their link then (voxjet.planner.links)."""
+    gpus = 0
+    for r in RUNS.values():
+        launch = {**config["experiments"][r.experiment]["launch"], **r.launch}
+        if launch["gpus"] == "auto":
+            gpus = max(gpus, 2 if (config["site"]["gpus_per_node"] or 2) > 1 else 1)
+        elif launch["gpus"] > 0:
+            gpus = max(gpus, min(2, launch["gpus"]))
+    return gpus

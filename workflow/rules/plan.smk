@@ -17,7 +17,8 @@ checkpoint plan_runs:
         "logs/plan_runs/plan_runs.log",
     benchmark:
         "results/benchmarks/plan_runs/plan_runs.tsv"
-    threads: 1
+    # each profile runs with the threads one of its run's processes trains with
+    threads: plan_threads()
     resources:
         gpu=plan_gpus(),
         mem_mb=8000,

@@ -7,5 +7,7 @@ from voxjet.planner.plan import Site, plan_runs
 
 sm = snakemake  # noqa: F821 - given to scripts by Snakemake
 with job_log(sm.log[0]), ledger_marked(list(sm.output), sm.log[0]):
-    out = plan_runs(sm.params.runs, Site(**sm.params.site), sm.output.json.rsplit("/", 1)[0])
+    # the job's time (minutes), shared by the profiles: one that cannot finish is named
+    out = plan_runs(sm.params.runs, Site(**sm.params.site), sm.output.json.rsplit("/", 1)[0],
+                    time_limit_s=60.0 * sm.resources.runtime)
     print(f"{len(out['runs'])} runs planned")

@@ -25,6 +25,14 @@ class Profile:
     loader_batches_per_s: float | None = None
     peak_memory_bytes: float | None = None
     device: str = "cpu"
+    step_s: float | None = None  # the median step as timed (data wait included)
+    spread: float = 0.0  # interquartile range of the timed steps ÷ their median
+    steps_timed: int = 0
+    warmup_steps: int = 0
+    validation_s: float = 0.0  # one validation pass on this device
+    checkpoint_s: float = 0.0  # one checkpoint written
+    threads: int = 1  # the CPU threads the profile ran with
+    validation_shares: list | None = None  # [[n, seconds of rank 0's share at n processes]]
 
 
 @dataclass
@@ -112,3 +120,20 @@ def predict_pipeline_step(p: Profile, stages: int, microbatches: int) -> float:
     (K − 1)/(M + K − 1) of idle time."""
     per_stage = (p.forward_s + p.backward_s) / stages
     return per_stage * (microbatches + stages - 1) / microbatches + p.optimizer_s / stages
+
+
+# Processes that outnumber the cores time-share them and pay for it beyond their share
+# (context switches, caches refilled, a collective waiting for a descheduled peer): calibrated
+# on benchmarks/planner.py (benchmarks/README.md)
+OVERSUBSCRIBED_COST = 0.0
+
+
+def cpu_slowdown(profiled_threads: int, threads: int, processes: int,
+                 cores: int | None) -> float:  # fmt: skip
+    """How much longer a CPU process's compute takes with `threads` threads than the profile's
+    `profiled_threads` (taken to scale with threads), when `processes` of them share `cores`."""
+    slow = max(1, profiled_threads) / max(1, threads)
+    if cores and processes * threads > cores:
+        over = processes * threads / cores
+        slow *= over * (1 + OVERSUBSCRIBED_COST * (over - 1) / over)
+    return slow

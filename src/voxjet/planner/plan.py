@@ -7,17 +7,27 @@ readable runs.md."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.planner.allocate import allocate
-from voxjet.planner.model import Links, Prediction, Profile, predict_pipeline_step, predict_step
+from voxjet.planner.model import (
+    Links,
+    Prediction,
+    Profile,
+    cpu_slowdown,
+    predict_pipeline_step,
+    predict_step,
+)
 
 
 @dataclass
@@ -44,42 +54,172 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_task(task: Any, s: Any, rt: Any, steps: int = 6, warmup: int = 2) -> Profile:
-    """Time real training steps of `task` on this process's device: forward (with the loss),
-    backward and the optimiser separately, and how fast batches arrive from the loader."""
-    from voxjet.training.loop import make_optimizer
+@dataclass
+class ProfileLimits:
+    """How long a profile times steps: warm-up until step times settle, then until the
+    median is known to `precision` (or `max_steps`), within `budget_s` seconds."""
 
-    device = rt.device
-    model = task.build_model().to(device)
-    model.train()
-    opt = make_optimizer(model.parameters(), s, s.lr)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    sums = {"load": 0.0, "fwd": 0.0, "bwd": 0.0, "opt": 0.0}
-    batch_items, epoch = 0, 0
-    it = iter(task.batches(epoch, 0, rt))
-    for i in range(warmup + steps):
+    min_steps: int = 10
+    max_steps: int = 200
+    max_warmup: int = 20
+    precision: float = 0.02  # relative standard error of the median step
+    budget_s: float | None = None  # None: no limit
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else 0.0
+
+
+def _settled(times: list[float]) -> bool:
+    """The last two steps within 15% of the median of the three before them."""
+    if len(times) < 5:
+        return False
+    ref = _median(times[-5:-2])
+    return all(abs(t - ref) <= 0.15 * ref for t in times[-2:])
+
+
+def _precise(times: list[float], precision: float) -> bool:
+    """The median's relative standard error (from the median absolute deviation) is small."""
+    med = _median(times)
+    mad = _median([abs(t - med) for t in times]) * 1.4826  # a standard deviation's estimate
+    return med > 0 and 1.2533 * mad / np.sqrt(len(times)) <= precision * med
+
+
+VALIDATION_SHARES = (1, 2, 4)
+
+
+class _Share(Runtime):
+    """Rank `rank` of `world_size` as a validation sees it, in this process alone: its share
+    of the split, nothing gathered."""
+
+    @property
+    def distributed(self) -> bool:
+        """Alone: no collective to join."""
+        return False
+
+
+def validation_at(profile: Profile, n: int) -> float:
+    """Seconds rank 0's share of a validation takes at n processes: measured at 1, 2 and 4,
+    beyond that a + b/n through the last two."""
+    shares = {int(k): float(v) for k, v in (profile.validation_shares or [])}
+    if not shares:
+        return profile.validation_s / n
+    if n in shares:
+        return shares[n]
+    (n1, t1), (n2, t2) = sorted(shares.items())[-2:]
+    b = (t1 - t2) / (1 / n1 - 1 / n2) if n1 != n2 else 0.0
+    return max(t2 - b / n2 + b / n, 0.0) if n > n2 else t1
+
+
+class _Stepper:
+    """The run's training step as the loop takes it: batches through the same prefetch thread,
+    forward with the loss, backward, gradient clipping and the optimiser, timed in parts."""
+
+    def __init__(self, task: Any, s: Any, rt: Any) -> None:
+        from voxjet.io.prefetch import prefetch
+        from voxjet.training.loop import _epochs, make_optimizer
+
+        self.task, self.s, self.rt, self.device = task, s, rt, rt.device
+        self.model = task.build_model().to(self.device)
+        self.model.train()
+        self.opt = make_optimizer(self.model.parameters(), s, s.lr)
+        self.batches = prefetch((b for b in _epochs(task, 0, 0, rt) if b is not None), s.prefetch)
+        self.items = 0
+
+    def step(self) -> tuple[float, float, float, float]:
+        """(data wait, forward, backward, optimiser) seconds of one step."""
         t0 = time.perf_counter()
-        batch = next(it, None)
-        while batch is None:  # an epoch shorter than the profile: the next one
-            epoch += 1
-            it = iter(task.batches(epoch, 0, rt))
-            batch = next(it, None)
+        batch = next(self.batches)
         t1 = time.perf_counter()
-        loss, n = task.loss(model, batch, device)
-        _sync(device)
+        loss, n = self.task.loss(self.model, batch, self.device)
+        _sync(self.device)
         t2 = time.perf_counter()
         loss.backward()
-        _sync(device)
+        _sync(self.device)
         t3 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        t4 = time.perf_counter()
-        if i >= warmup:
-            for k, dt in zip(sums, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                sums[k] += dt
-            batch_items = int(n)
+        if self.s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        float(loss.detach())  # the window's host sync, at most once a step
+        _sync(self.device)
+        self.items = int(n)
+        return t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3
+
+    def close(self) -> None:
+        """Stop the prefetch thread."""
+        self.batches.close()
+
+
+def _over_budget(run: str, what: str, needed: float, limits: ProfileLimits) -> VoxjetError:
+    return VoxjetError(
+        f"run {run}: profiling cannot finish in the plan job's time: {what} (about "
+        f"{needed:.0f} s needed, {max(0.0, limits.budget_s):.0f} s left for this run). Give the "
+        "plan_runs job more time (set-resources: plan_runs: runtime: <minutes> in your "
+        "profile) or make the run's step smaller (train.batch_size, the model's size)"
+    )
+
+
+def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None,
+                 run: str = "?") -> Profile:  # fmt: skip
+    """Time real training steps of `task` on this process's device as the loop runs them:
+    warm-up until step times settle, then steps until their median is stable; the parts'
+    medians, the spread, and once each a validation and a checkpoint (what a run pays every
+    eval_every / checkpoint_every steps)."""
+    limits = limits or ProfileLimits()
+    device = rt.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    stepper = _Stepper(task, s, rt)
+    try:
+        walls: list[float] = []
+        warm = 0
+        while warm < limits.max_warmup and not _settled(walls):
+            walls.append(sum(stepper.step()))
+            warm += 1
+            spent = time.perf_counter() - start
+            needed = spent + _median(walls[-3:]) * limits.min_steps
+            if limits.budget_s is not None and needed > limits.budget_s:
+                raise _over_budget(run, f"a step takes {_median(walls[-3:]):.3g} s", needed,
+                                   limits)  # fmt: skip
+        parts: list[tuple[float, float, float, float]] = []
+        while len(parts) < limits.max_steps and (
+            len(parts) < limits.min_steps or not _precise([sum(p) for p in parts], limits.precision)
+        ):
+            if limits.budget_s is not None and time.perf_counter() - start > 0.8 * limits.budget_s:
+                if len(parts) < limits.min_steps:
+                    raise _over_budget(run, f"{len(parts)} of {limits.min_steps} steps timed",
+                                       limits.budget_s * 1.25, limits)  # fmt: skip
+                break
+            parts.append(stepper.step())
+    finally:
+        stepper.close()
+    model, opt = stepper.model, stepper.opt
+    # what rank 0's share of a validation takes at 1, 2 and 4 processes (the split's
+    # granularity, the metrics every rank computes, the share's first read included)
+    shares = []
+    for k in VALIDATION_SHARES:
+        t = time.perf_counter()
+        task.validate(model, device, _Share(0, k, rt.local_rank, device) if k > 1 else rt)
+        shares.append([k, time.perf_counter() - t])
+    validation = shares[0][1]
+    with tempfile.TemporaryDirectory(prefix="voxjet-profile-") as tmp:
+        from voxjet.distributed import checkpoint
+
+        t = time.perf_counter()
+        checkpoint.save(Path(tmp) / "last.pt", {"model": model.state_dict(),
+                                                 "optimizer": opt.state_dict()})  # fmt: skip
+        saving = time.perf_counter() - t
+        t = time.perf_counter()  # the best weights, which a validation that improves keeps
+        checkpoint.save(Path(tmp) / "best.pt", {"model": model.state_dict(), "step": 0})
+        validation += time.perf_counter() - t
+    totals = [sum(p) for p in parts]
+    step = _median(totals)
+    load, fwd, bwd, opt_s = (_median([p[i] for p in parts]) for i in range(4))
+    # the parts' medians scaled to add up to the median step
+    scale = step / max(load + fwd + bwd + opt_s, 1e-12)
+    q25, q75 = np.percentile(totals, [25, 75])
     grad = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     if device.type == "cuda":
         peak = float(torch.cuda.max_memory_allocated(device))
@@ -87,9 +227,13 @@ def profile_task(task: Any, s: Any, rt: Any, steps: int = 6, warmup: int = 2) ->
         import resource
 
         peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    load = sums["load"] / steps
-    return Profile(sums["fwd"] / steps, sums["bwd"] / steps, sums["opt"] / steps, float(grad),
-                   batch_items, 1 / load if load > 0 else None, peak, device.type)  # fmt: skip
+    load *= scale
+    return Profile(fwd * scale, bwd * scale, opt_s * scale, float(grad), stepper.items,
+                   1 / load if load > 0 else None, peak, device.type,
+                   step_s=step, spread=float((q75 - q25) / step) if step > 0 else 0.0,
+                   steps_timed=len(parts), warmup_steps=warm, validation_s=validation,
+                   checkpoint_s=saving, threads=torch.get_num_threads(),
+                   validation_shares=shares)  # fmt: skip
 
 
 def sizes_for(gpu: bool, site: Site) -> list[tuple[int, int]]:
@@ -107,15 +251,33 @@ def sizes_for(gpu: bool, site: Site) -> list[tuple[int, int]]:
     return out
 
 
+def _at(every: int, steps: int, first: int | None = None) -> int:
+    """How many times the loop validates (or checkpoints) every `every` steps in a run of
+    `steps`: at each multiple and at the last step; with `first`, only those from step
+    `first` to the one before the last (what falls between a log's windows after its first)."""
+    if not every:
+        return 0
+    if first is None:
+        return (steps - 1) // every + 1
+    return max(0, (steps - 1) // every - (first - 1) // every)
+
+
 def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]:
-    """Predictions for one run at each size: step, time to its steps, device-hours, energy;
-    the run's own size marked `own`. A CPU profile ran with the job's threads; at n processes
-    each gets threads // n of them (compute taken to scale with threads), and processes that
-    outnumber the node's cores share them."""
+    """Predictions for one run at each size: step, time to its steps with the validations and
+    checkpoints the loop adds (what a user budgets), the steady throughput a training log
+    shows (its windows after the first), device-hours, energy; the run's own size marked
+    `own`. A CPU profile ran with the threads each of the run's own processes gets; at n
+    processes each gets threads // n (compute taken to scale with threads), and processes
+    that outnumber the node's cores share them."""
+    from voxjet.distributed.launch import threads_per_process
+
     threads = int(run.get("threads", 1))
     train = run["config"].get("train", {})
     steps = int(train.get("steps", 0))
     stages = int(train.get("pipeline_stages", 1) or 1)
+    log_every = int(train.get("log_every", 10) or 10)
+    eval_every = int(train.get("eval_every", 100) or 0)
+    ckpt_every = int(train.get("checkpoint_every", 100) or 0)
     gpu = profile.device == "cuda"
     out = []
     for per_node, nodes in sizes_for(gpu, site):
@@ -128,17 +290,28 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
                               (n // stages) * profile.batch / step)  # fmt: skip
         else:
             pred = predict_step(profile, per_node, nodes, site.links(), loader_overlaps=gpu)
-            if not gpu:
-                each = max(1, threads // per_node)
-                slow = threads / each
-                if site.cores_per_node and per_node * each > site.cores_per_node:
-                    slow *= per_node * each / site.cores_per_node
-                load = 1 / profile.loader_batches_per_s if profile.loader_batches_per_s else 0.0
-                pred.step_s += (pred.compute_s + load) * (slow - 1)
-                pred.compute_s *= slow
-                pred.items_per_s = n * profile.batch / pred.step_s
-        seconds = pred.step_s * steps
+        slow = 1.0
+        if not gpu:
+            # fewer threads a process, or more processes than cores: everything a process
+            # does (compute, loading, its share of the all-reduce) takes longer
+            each = threads_per_process(threads, per_node)
+            slow = cpu_slowdown(profile.threads, each, per_node, site.cores_per_node)
+            pred.step_s *= slow
+            pred.compute_s *= slow
+            pred.exposed_comm_s *= slow
+        # every rank validates its share; rank 0 writes the checkpoint while the others wait
+        validation = validation_at(profile, max(1, n // stages)) * slow
+        extra = _at(eval_every, steps) * validation + _at(ckpt_every, steps) * profile.checkpoint_s
+        seconds = pred.step_s * steps + extra
+        # what the log's windows after the first hold: their steps and the validations and
+        # checkpoints between them (those after the last window are in no window)
+        window_steps = max(steps - log_every, 1)
+        window_s = (window_steps * pred.step_s
+                    + _at(eval_every, steps, first=log_every) * validation
+                    + _at(ckpt_every, steps, first=log_every) * profile.checkpoint_s)  # fmt: skip
+        pred.items_per_s = (n // stages) * profile.batch * window_steps / window_s
         row = {**asdict(pred), "processes_total": n, "time_to_steps_s": seconds,
+               "loop_overhead_s": extra, "profile_spread": profile.spread,
                "device_hours": seconds * n / 3600, "own": n == run.get("processes")}  # fmt: skip
         row["energy_kwh"] = (seconds * n * site.device_power_w / 3.6e6
                              if site.device_power_w else None)  # fmt: skip
@@ -150,25 +323,59 @@ def profile_key(run: dict[str, Any]) -> str:
     """What decides a step's cost: runs equal in it share one profile."""
     train = run["config"].get("train", {})
     keep = {k: train.get(k) for k in ("batch_size", "pipeline_stages", "microbatches",
-                                      "optimizer", "loader_workers")}  # fmt: skip
-    return json.dumps([run["data"], run["config"].get("model"), keep, run.get("threads")],
+                                      "optimizer", "loader_workers", "prefetch", "grad_clip",
+                                      "augment")}  # fmt: skip
+    return json.dumps([run["data"], run["config"].get("model"), keep, profile_threads(run)],
                       sort_keys=True)  # fmt: skip
 
 
-def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path) -> dict[str, Any]:
-    """Profile, predict and allocate every run; write runs.json and runs.md into `out_dir`."""
+def profile_threads(run: dict[str, Any]) -> int:
+    """The CPU threads each of the run's processes trains with (voxjet launch's share)."""
+    from voxjet.distributed.launch import threads_per_process
+
+    return threads_per_process(int(run.get("threads", 1)), int(run.get("processes") or 1))
+
+
+def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
+              time_limit_s: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Profile, predict and allocate every run; write runs.json and runs.md into `out_dir`.
+    `time_limit_s` (the job's): each profile gets an equal share of what is left, and a run
+    whose profile cannot finish in it is named."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
+    start = time.perf_counter()
     rt = init_runtime()
+    measured = None
+    if rt.device.type == "cuda" and torch.cuda.device_count() > 1:
+        # the job holds several GPUs: their link measured at DDP's bucket sizes replaces the
+        # site's intra-node values
+        from voxjet.planner.links import measure_link
+
+        bw, lat = measure_link("nccl")
+        measured = {"backend": "nccl", "bandwidth_gbps": bw / 1e9, "latency_us": lat * 1e6}
+        site = replace(site, intra_node_gbps=bw / 1e9, latency_us=lat * 1e6)
+        print(f"measured NCCL all-reduce between 2 GPUs: {bw / 1e9:.3g} GB/s, "
+              f"{lat * 1e6:.3g} µs a message", flush=True)  # fmt: skip
     profiles: dict[str, Profile] = {}
     plans = []
+    todo = len({profile_key(r) for r in runs})
     try:
         for run in runs:
             key = profile_key(run)
             if key not in profiles:
-                print(f"profiling {run['run']} ({run['domain']})", flush=True)
-                torch.set_num_threads(int(run.get("threads", 1)))
-                profiles[key] = _profile(run, rt)
+                torch.set_num_threads(profile_threads(run) if rt.device.type == "cpu" else
+                                       int(run.get("threads", 1)))  # fmt: skip
+                print(f"profiling {run['run']} ({run['domain']}, {torch.get_num_threads()} "
+                      "threads)", flush=True)  # fmt: skip
+                limits = ProfileLimits()
+                if time_limit_s is not None:
+                    left = time_limit_s - (time.perf_counter() - start)
+                    limits.budget_s = left / max(1, todo - len(profiles))
+                profiles[key] = _profile(run, rt, limits)
+                p = profiles[key]
+                print(f"  median step {p.step_s * 1e3:.3g} ms over {p.steps_timed} steps "
+                      f"(spread {100 * p.spread:.0f}%), validation {p.validation_s:.3g} s, "
+                      f"checkpoint {p.checkpoint_s:.3g} s", flush=True)  # fmt: skip
             p = profiles[key]
             steps = int(run["config"].get("train", {}).get("steps", 0))
             plans.append({"run": run["run"], "experiment": run["experiment"], "steps": steps,
@@ -176,7 +383,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path) -> di
                           "predictions": predict_run(p, run, site)})  # fmt: skip
     finally:
         shutdown(rt)
-    result: dict[str, Any] = {"site": asdict(site), "runs": plans}
+    result: dict[str, Any] = {"site": asdict(site), "measured_link": measured, "runs": plans}
     if site.gpu_budget:
         times = {p["run"]: {r["processes_total"]: r["time_to_steps_s"] for r in p["predictions"]}
                  for p in plans}  # fmt: skip
@@ -188,14 +395,14 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path) -> di
     return result
 
 
-def _profile(run: dict[str, Any], rt: Any) -> Profile:
+def _profile(run: dict[str, Any], rt: Any, limits: ProfileLimits) -> Profile:
     if run["domain"] == "jets":
         from voxjet.jets.train import make_task
     else:
         from voxjet.volumes.train import make_task
     try:
         task, s = make_task(run["data"], run["config"], run.get("read"))
-        return profile_task(task, s, rt)
+        return profile_task(task, s, rt, limits, run["run"])
     except torch.OutOfMemoryError as e:
         raise VoxjetError(f"run {run['run']}: one training step does not fit the device "
                           f"({e}); lower train.batch_size or the model's size") from e  # fmt: skip
@@ -216,7 +423,15 @@ def plan_markdown(result: dict[str, Any]) -> str:
             f"## {plan['run']} ({plan['steps']} steps)", "",
             f"Profile ({p['device']}): forward {p['forward_s'] * 1e3:.3g} ms, backward "
             f"{p['backward_s'] * 1e3:.3g} ms, optimiser {p['optimizer_s'] * 1e3:.3g} ms, "
-            f"{p['grad_bytes'] / 2**20:.3g} MiB of gradients, batch {p['batch']}", "",
+            f"{p['grad_bytes'] / 2**20:.3g} MiB of gradients, batch {p['batch']}, "
+            f"{p.get('threads', 1)} thread(s)", "",
+            f"Median step {(p.get('step_s') or 0) * 1e3:.3g} ms over {p.get('steps_timed', 0)} "
+            f"steps after {p.get('warmup_steps', 0)} of warm-up; spread (interquartile range ÷ "
+            f"median) {100 * p.get('spread', 0):.0f}%"
+            + (" — a noisy profile: other work shared the device; the predictions are as "
+               "uncertain" if p.get("spread", 0) > 0.25 else "")
+            + f". A validation {p.get('validation_s', 0):.3g} s, a checkpoint "
+            f"{p.get('checkpoint_s', 0):.3g} s (in the time to steps).", "",
             "| processes × nodes | step | exposed comm. | items/s | time to steps | device-hours "
             "| energy kWh |",
             "|---|---|---|---|---|---|---|",

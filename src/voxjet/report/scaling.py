@@ -32,13 +32,18 @@ class Point:
 
 
 def steady_rate(lines: list[dict[str, Any]]) -> tuple[float, str] | None:
-    """Mean throughput of a training log's windows without the first (start-up, compilation)
-    and the last (validation and checkpoint); (rate, unit) or None with too few windows."""
+    """Throughput over a training log's windows after the first (start-up: compilation, the
+    first batches): items ÷ seconds, validations and checkpoints between windows included, as
+    a run pays them; (rate, unit) or None with too few windows. Logs without window lengths
+    (older runs) give the mean of those windows' rates."""
     steps = [r for r in lines if "loss" in r]
     key = next((k for k in (steps[-1] if steps else {}) if k.endswith("_per_s")), None)
     if key is None or len(steps) < 3:
         return None
-    inner = steps[1:-1]
+    inner = steps[1:]
+    if all("window_s" in r for r in inner):
+        seconds = sum(r["window_s"] for r in inner)
+        return sum(r[key] * r["window_s"] for r in inner) / seconds, key.removesuffix("_per_s")
     return sum(r[key] for r in inner) / len(inner), key.removesuffix("_per_s")
 
 

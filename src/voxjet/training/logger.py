@@ -181,4 +181,5 @@ class StepTimer:
         return {
             "items_per_s": self.items / total,
             "data_wait_fraction": min(1.0, self.data / total),
+            "window_s": total,
         }

@@ -123,7 +123,7 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
         n = r["processes_total"]
         share = plan_module.validation_at(Profile(**prof), n)  # measured at 1, 2 and 4
         assert share == dict(prof["validation_shares"])[n]
-        extra = share * cpu_slowdown(1, 1, n, 2) + prof["checkpoint_s"]
+        extra = share * cpu_slowdown(Profile(**prof), 1, n, 2) + prof["checkpoint_s"]
         assert r["time_to_steps_s"] == pytest.approx(100 * r["step_s"] + extra)
         assert r["loop_overhead_s"] == pytest.approx(extra) and extra > 0
         assert r["energy_kwh"] is None  # no site.device_power_w: not predicted
@@ -215,13 +215,15 @@ def test_the_loop_validates_and_checkpoints_where_the_prediction_counts():
 
 def test_the_median_profile_shrugs_off_a_descheduled_step():
     """Steps that waited for a descheduled thread (the mean of 40 PFN steps was 12 times its
-    median under load) move the median, the profile's statistic, by little."""
-    from voxjet.planner.plan import _median, _precise, _settled
+    median under load) move the median and the trimmed mean, the profile's statistic, by
+    little."""
+    from voxjet.planner.plan import _median, _precise, _settled, _trimmed_mean
 
     steady = [0.006 + 0.0002 * (k % 3) for k in range(40)]
     loaded = steady[:]
     loaded[5], loaded[17], loaded[30] = 0.56, 0.3, 0.2
     assert _median(loaded) == pytest.approx(_median(steady), rel=0.04)
+    assert _trimmed_mean(loaded) == pytest.approx(sum(steady) / 40, rel=0.04)
     assert sum(loaded) / 40 > 3 * _median(loaded)
     assert _precise(steady, 0.02) and not _precise([0.01, 0.02, 0.05, 0.001], 0.02)
     assert _settled([0.5, 0.1, 0.011, 0.01, 0.0105, 0.0102, 0.0101])

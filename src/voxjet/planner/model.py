@@ -25,7 +25,7 @@ class Profile:
     loader_batches_per_s: float | None = None
     peak_memory_bytes: float | None = None
     device: str = "cpu"
-    step_s: float | None = None  # the median step as timed (data wait included)
+    step_s: float | None = None  # the step as timed (trimmed mean, data wait included)
     spread: float = 0.0  # interquartile range of the timed steps ÷ their median
     steps_timed: int = 0
     warmup_steps: int = 0
@@ -33,6 +33,8 @@ class Profile:
     checkpoint_s: float = 0.0  # one checkpoint written
     threads: int = 1  # the CPU threads the profile ran with
     validation_shares: list | None = None  # [[n, seconds of rank 0's share at n processes]]
+    loader_s: float = 0.0  # CPU time the loader takes to produce one batch, on its own
+    cores: int | None = None  # CPUs the profiling process could use
 
 
 @dataclass
@@ -122,18 +124,21 @@ def predict_pipeline_step(p: Profile, stages: int, microbatches: int) -> float:
     return per_stage * (microbatches + stages - 1) / microbatches + p.optimizer_s / stages
 
 
-# Processes that outnumber the cores time-share them and pay for it beyond their share
-# (context switches, caches refilled, a collective waiting for a descheduled peer): calibrated
-# on benchmarks/planner.py (benchmarks/README.md)
-OVERSUBSCRIBED_COST = 0.0
+def cpu_step(compute_s: float, load_s: float, profiled_threads: int, threads: int,
+             processes: int, cores: int) -> float:  # fmt: skip
+    """Wall time of a CPU step: each process's compute on its `threads` (taken to scale with
+    threads from the profile's), its loader thread producing the next batch beside it; once
+    the processes' threads and loaders outnumber the `cores`, the step is their core-seconds
+    over the cores (every process time-shares them)."""
+    compute = compute_s * max(1, profiled_threads) / max(1, threads)
+    work = processes * (compute_s * max(1, profiled_threads) + load_s)
+    return max(compute, load_s, work / max(1, cores))
 
 
-def cpu_slowdown(profiled_threads: int, threads: int, processes: int,
-                 cores: int | None) -> float:  # fmt: skip
-    """How much longer a CPU process's compute takes with `threads` threads than the profile's
-    `profiled_threads` (taken to scale with threads), when `processes` of them share `cores`."""
-    slow = max(1, profiled_threads) / max(1, threads)
-    if cores and processes * threads > cores:
-        over = processes * threads / cores
-        slow *= over * (1 + OVERSUBSCRIBED_COST * (over - 1) / over)
-    return slow
+def cpu_slowdown(p: Profile, threads: int, processes: int, cores: int) -> float:
+    """How much longer a CPU step takes at `processes` × `threads` on `cores` than in the
+    profile (one process with its threads, on the cores it had)."""
+    compute = p.forward_s + p.backward_s + p.optimizer_s
+    here = cpu_step(compute, p.loader_s, p.threads, threads, processes, cores)
+    there = cpu_step(compute, p.loader_s, p.threads, p.threads, 1, p.cores or p.threads + 1)
+    return here / there if there > 0 else 1.0

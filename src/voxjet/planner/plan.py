@@ -7,6 +7,7 @@ readable runs.md."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -68,6 +69,17 @@ class ProfileLimits:
 
 def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else 0.0
+
+
+def _trimmed_mean(xs: list[float], cut: float = 0.2) -> float:
+    """The mean of the middle values (a fifth cut off each end): robust to steps that waited
+    for a descheduled thread, yet, unlike the median, the mean of steps whose cost varies
+    with the batch (jets of many or few particles), which is what throughput averages."""
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = int(len(xs) * cut)
+    return float(np.mean(xs[k : len(xs) - k]))
 
 
 def _settled(times: list[float]) -> bool:
@@ -151,6 +163,18 @@ class _Stepper:
         self.batches.close()
 
 
+def _loader_seconds(task: Any, rt: Any, batches: int = 8) -> float:
+    """The median time the loader takes to produce a batch on its own (no step beside it):
+    the CPU a loader thread needs, which processes sharing cores pay."""
+    times, it = [], iter(task.batches(1, 0, rt))
+    for _ in range(batches):
+        t = time.perf_counter()
+        if next(it, None) is None:
+            break
+        times.append(time.perf_counter() - t)
+    return _median(times[1:] or times)
+
+
 def _over_budget(run: str, what: str, needed: float, limits: ProfileLimits) -> VoxjetError:
     return VoxjetError(
         f"run {run}: profiling cannot finish in the plan job's time: {what} (about "
@@ -163,9 +187,9 @@ def _over_budget(run: str, what: str, needed: float, limits: ProfileLimits) -> V
 def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None,
                  run: str = "?") -> Profile:  # fmt: skip
     """Time real training steps of `task` on this process's device as the loop runs them:
-    warm-up until step times settle, then steps until their median is stable; the parts'
-    medians, the spread, and once each a validation and a checkpoint (what a run pays every
-    eval_every / checkpoint_every steps)."""
+    warm-up until step times settle, then steps until their median is stable; the step's
+    trimmed mean and its parts', the spread, and once each a validation and a checkpoint
+    (what a run pays every eval_every / checkpoint_every steps)."""
     limits = limits or ProfileLimits()
     device = rt.device
     if device.type == "cuda":
@@ -196,6 +220,7 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
     finally:
         stepper.close()
     model, opt = stepper.model, stepper.opt
+    loader = _loader_seconds(task, rt)
     # what rank 0's share of a validation takes at 1, 2 and 4 processes (the split's
     # granularity, the metrics every rank computes, the share's first read included)
     shares = []
@@ -215,9 +240,9 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
         checkpoint.save(Path(tmp) / "best.pt", {"model": model.state_dict(), "step": 0})
         validation += time.perf_counter() - t
     totals = [sum(p) for p in parts]
-    step = _median(totals)
-    load, fwd, bwd, opt_s = (_median([p[i] for p in parts]) for i in range(4))
-    # the parts' medians scaled to add up to the median step
+    step = _trimmed_mean(totals)
+    load, fwd, bwd, opt_s = (_trimmed_mean([p[i] for p in parts]) for i in range(4))
+    # the parts' trimmed means scaled to add up to the step's
     scale = step / max(load + fwd + bwd + opt_s, 1e-12)
     q25, q75 = np.percentile(totals, [25, 75])
     grad = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -233,7 +258,8 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
                    step_s=step, spread=float((q75 - q25) / step) if step > 0 else 0.0,
                    steps_timed=len(parts), warmup_steps=warm, validation_s=validation,
                    checkpoint_s=saving, threads=torch.get_num_threads(),
-                   validation_shares=shares)  # fmt: skip
+                   validation_shares=shares, loader_s=loader,
+                   cores=len(os.sched_getaffinity(0)))  # fmt: skip
 
 
 def sizes_for(gpu: bool, site: Site) -> list[tuple[int, int]]:
@@ -292,13 +318,20 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
             pred = predict_step(profile, per_node, nodes, site.links(), loader_overlaps=gpu)
         slow = 1.0
         if not gpu:
-            # fewer threads a process, or more processes than cores: everything a process
-            # does (compute, loading, its share of the all-reduce) takes longer
+            # the job's cores (the node's where site.cores_per_node says, else launch.threads)
+            # shared by its processes,
+            # their threads and loader threads: the profiled step scaled by the core-seconds
+            # model, the all-reduce (gloo runs on the same cores) likewise
             each = threads_per_process(threads, per_node)
-            slow = cpu_slowdown(profile.threads, each, per_node, site.cores_per_node)
-            pred.step_s *= slow
+            cores = site.cores_per_node or threads
+            slow = cpu_slowdown(profile, each, per_node, cores)
+            base = profile.step_s or (
+                pred.compute_s
+                + (1 / profile.loader_batches_per_s if profile.loader_batches_per_s else 0)
+            )
             pred.compute_s *= slow
             pred.exposed_comm_s *= slow
+            pred.step_s = base * slow + pred.exposed_comm_s
         # every rank validates its share; rank 0 writes the checkpoint while the others wait
         validation = validation_at(profile, max(1, n // stages)) * slow
         extra = _at(eval_every, steps) * validation + _at(ckpt_every, steps) * profile.checkpoint_s
@@ -373,7 +406,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
                     limits.budget_s = left / max(1, todo - len(profiles))
                 profiles[key] = _profile(run, rt, limits)
                 p = profiles[key]
-                print(f"  median step {p.step_s * 1e3:.3g} ms over {p.steps_timed} steps "
+                print(f"  step {p.step_s * 1e3:.3g} ms (trimmed mean) over {p.steps_timed} steps "
                       f"(spread {100 * p.spread:.0f}%), validation {p.validation_s:.3g} s, "
                       f"checkpoint {p.checkpoint_s:.3g} s", flush=True)  # fmt: skip
             p = profiles[key]
@@ -425,8 +458,8 @@ def plan_markdown(result: dict[str, Any]) -> str:
             f"{p['backward_s'] * 1e3:.3g} ms, optimiser {p['optimizer_s'] * 1e3:.3g} ms, "
             f"{p['grad_bytes'] / 2**20:.3g} MiB of gradients, batch {p['batch']}, "
             f"{p.get('threads', 1)} thread(s)", "",
-            f"Median step {(p.get('step_s') or 0) * 1e3:.3g} ms over {p.get('steps_timed', 0)} "
-            f"steps after {p.get('warmup_steps', 0)} of warm-up; spread (interquartile range ÷ "
+            f"Step {(p.get('step_s') or 0) * 1e3:.3g} ms (trimmed mean) over "
+            f"{p.get('steps_timed', 0)} steps after {p.get('warmup_steps', 0)} of warm-up; spread (interquartile range ÷ "
             f"median) {100 * p.get('spread', 0):.0f}%"
             + (" — a noisy profile: other work shared the device; the predictions are as "
                "uncertain" if p.get("spread", 0) > 0.25 else "")

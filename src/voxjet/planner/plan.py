@@ -459,7 +459,8 @@ def plan_markdown(result: dict[str, Any]) -> str:
             f"{p['grad_bytes'] / 2**20:.3g} MiB of gradients, batch {p['batch']}, "
             f"{p.get('threads', 1)} thread(s)", "",
             f"Step {(p.get('step_s') or 0) * 1e3:.3g} ms (trimmed mean) over "
-            f"{p.get('steps_timed', 0)} steps after {p.get('warmup_steps', 0)} of warm-up; spread (interquartile range ÷ "
+            f"{p.get('steps_timed', 0)} steps after {p.get('warmup_steps', 0)} of warm-up; "
+            "spread (interquartile range ÷ "
             f"median) {100 * p.get('spread', 0):.0f}%"
             + (" — a noisy profile: other work shared the device; the predictions are as "
                "uncertain" if p.get("spread", 0) > 0.25 else "")

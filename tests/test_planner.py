@@ -130,6 +130,9 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
     # 4 processes on 2 cores share them: no faster than 2
     assert a["predictions"][2]["items_per_s"] <= a["predictions"][1]["items_per_s"] * 1.01
     assert saved["allocation"]["choice"] in (1, 2, 4)
+    # pfn_b trains in 2 CPU processes: gloo's link was measured for it, not the site's
+    (link,) = saved["measured_link"]
+    assert link["backend"] == "gloo" and saved["site"]["intra_node_gbps"] == 100.0
     md = (tmp_path / "plan" / "runs.md").read_text()
     assert "## pfn_a (100 steps)" in md and "Sweep allocation for a budget of 4 GPUs" in md
 

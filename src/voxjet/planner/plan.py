@@ -378,16 +378,20 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
 
     start = time.perf_counter()
     rt = init_runtime()
-    measured = None
+    measured = []
+    sites = {"cuda": site, "cpu": site}
+    wanted = []
     if rt.device.type == "cuda" and torch.cuda.device_count() > 1:
-        # the job holds several GPUs: their link measured at DDP's bucket sizes replaces the
-        # site's intra-node values
+        wanted.append(("cuda", "nccl"))  # the job holds two GPUs: their link, not the site's
+    if any(not r.get("gpu") and (r.get("processes") or 1) > 1 for r in runs):
+        wanted.append(("cpu", "gloo"))  # processes of a CPU run talk through gloo, not a GPU link
+    for device, backend in wanted:
         from voxjet.planner.links import measure_link
 
-        bw, lat = measure_link("nccl")
-        measured = {"backend": "nccl", "bandwidth_gbps": bw / 1e9, "latency_us": lat * 1e6}
-        site = replace(site, intra_node_gbps=bw / 1e9, latency_us=lat * 1e6)
-        print(f"measured NCCL all-reduce between 2 GPUs: {bw / 1e9:.3g} GB/s, "
+        bw, lat = measure_link(backend)
+        measured.append({"backend": backend, "bandwidth_gbps": bw / 1e9, "latency_us": lat * 1e6})
+        sites[device] = replace(site, intra_node_gbps=bw / 1e9, latency_us=lat * 1e6)
+        print(f"measured {backend} all-reduce between 2 processes: {bw / 1e9:.3g} GB/s, "
               f"{lat * 1e6:.3g} µs a message", flush=True)  # fmt: skip
     profiles: dict[str, Profile] = {}
     plans = []
@@ -413,7 +417,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
             steps = int(run["config"].get("train", {}).get("steps", 0))
             plans.append({"run": run["run"], "experiment": run["experiment"], "steps": steps,
                           "profile": asdict(p),
-                          "predictions": predict_run(p, run, site)})  # fmt: skip
+                          "predictions": predict_run(p, run, sites[p.device])})  # fmt: skip
     finally:
         shutdown(rt)
     result: dict[str, Any] = {"site": asdict(site), "measured_link": measured, "runs": plans}

@@ -340,7 +340,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     assert resumed and 0 < int(resumed[1]) < 2000, log[-3000:]
     a, b = (
         [
-            {k: v for k, v in r.items() if k not in {"time", "jets_per_s", "data_wait_fraction"}}
+            {k: v for k, v in r.items() if k not in {"time", "jets_per_s", "data_wait_fraction", "window_s"}}
             for r in read_metrics(runs / name / "metrics.jsonl")
             if "cost" not in r  # what the sessions cost differs; what they trained may not
         ]

@@ -390,8 +390,7 @@ def test_two_cases_with_identical_images_are_refused_naming_both(tmp_path):
     ):
         plan_volumes(tmp_path / "m.json", tmp_path / "plan", VolumePrepConfig(**cfg))
     assert not (tmp_path / "plan").exists()
-    plan_volumes(tmp_path / "m.json", tmp_path / "plan",
-                 VolumePrepConfig(**cfg, on_duplicate="skip"))  # fmt: skip
+    plan_volumes(tmp_path / "m.json", tmp_path / "plan", VolumePrepConfig(**cfg), "skip")
     skipped = json.loads((tmp_path / "plan" / "skipped.json").read_text())
     assert skipped == {"c_004": "its images are identical to case 'c_002''s"}
 

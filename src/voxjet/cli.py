@@ -100,7 +100,7 @@ def _plan_volumes(a: argparse.Namespace) -> None:
     from voxjet.volumes.preprocess import VolumePrepConfig, plan_volumes
 
     cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
-    plan = plan_volumes(a.manifest, a.out, cfg)
+    plan = plan_volumes(a.manifest, a.out, cfg, a.on_duplicate)
     print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
 
 
@@ -264,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--manifest", required=True)
         s.add_argument("--out", required=True)
         s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
+        if name == "plan-volumes":
+            s.add_argument(
+                "--on-duplicate",
+                choices=["fail", "skip"],
+                default="fail",
+                help="two cases with identical images: stop naming both, or keep the first",
+            )
         if name == "shard-jets":
             s.add_argument(
                 "--part",

@@ -239,9 +239,6 @@ def data_config(section):
         cfg = dataset_cfg(wildcards.dataset)[section]
         if section == "jets":
             cfg = resolve_weaver(cfg, f"datasets.{wildcards.dataset}.jets")
-        elif "on_duplicate" in dataset_cfg(wildcards.dataset)["source"]:
-            # planning compares the cases' images (the stage cannot: label files may repeat)
-            cfg = {**cfg, "on_duplicate": dataset_cfg(wildcards.dataset)["source"]["on_duplicate"]}
         return json.dumps(cfg, sort_keys=True)
 
     return resolved

@@ -12,6 +12,10 @@ rule plan_volumes:
         directory("results/{dataset}/plan"),
     params:
         config=data_config("volumes"),
+        # planning compares the cases' images (the stage cannot: label files may repeat)
+        on_duplicate=lambda wildcards: dataset_cfg(wildcards.dataset)["source"].get(
+            "on_duplicate", "fail"
+        ),
     log:
         "logs/plan_volumes/{dataset}.log",
     benchmark:
@@ -26,7 +30,7 @@ rule plan_volumes:
         ENV
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- plan-volumes --manifest {input.manifest} --out {output}"
-        " --config {params.config:q}"
+        " --config {params.config:q} --on-duplicate {params.on_duplicate}"
 
 
 rule preprocess_case:

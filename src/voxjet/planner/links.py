@@ -6,14 +6,18 @@ gloo over loopback. The same code either way."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from voxjet.errors import VoxjetError
 from voxjet.planner.model import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
 
 SIZES = (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)
@@ -54,13 +58,30 @@ def _worker(rank: int, port: int, backend: str, sizes: tuple[int, ...], repeats:
         dist.destroy_process_group()
 
 
-def measure_link(backend: str = "gloo", sizes: tuple[int, ...] = SIZES,
-                 repeats: int = 10) -> tuple[float, float]:  # fmt: skip
-    """(bandwidth B/s, latency s) between two local processes (GPUs 0 and 1 with NCCL), from
-    the median all-reduce time at each size through t = 2(n−1)·(α + bytes/(n·β)), n = 2."""
+def _measure(backend: str, sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
     out = mp.Manager().dict()
     mp.start_processes(_worker, args=(_free_port(), backend, tuple(sizes), repeats, out),
                        nprocs=2, start_method="spawn")  # fmt: skip
-    (s1, t1), (s2, t2) = sorted(out.items())[0], sorted(out.items())[-1]
+    return dict(out)
+
+
+def measure_link(backend: str = "gloo", sizes: tuple[int, ...] = SIZES,
+                 repeats: int = 10) -> tuple[float, float]:  # fmt: skip
+    """(bandwidth B/s, latency s) between two local processes (GPUs 0 and 1 with NCCL), from
+    the median all-reduce time at each size through t = 2(n−1)·(α + bytes/(n·β)), n = 2. The
+    processes start from a Python of their own (`python -m voxjet.planner.links`): spawned
+    children re-import the caller's main module, which a Snakemake script cannot be."""
+    cmd = [sys.executable, "-m", "voxjet.planner.links", backend, str(repeats), *map(str, sizes)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+        raise VoxjetError(f"measuring the {backend} link between 2 processes failed: {why}")
+    times = sorted((int(k), v) for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items())
+    (s1, t1), (s2, t2) = times[0], times[-1]
     per_byte = max((t2 - t1) / (s2 - s1), 1e-15)  # = 2·(1/2)/β for n = 2
     return 1 / per_byte, max((t1 - s1 * per_byte) / 2, 0.0)
+
+
+if __name__ == "__main__":
+    backend, repeats, *sizes = sys.argv[1:]
+    print(json.dumps(_measure(backend, tuple(int(x) for x in sizes), int(repeats))))

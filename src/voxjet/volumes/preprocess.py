@@ -57,7 +57,6 @@ class VolumePrepConfig:
     test_fraction: float = 0.2
     foreground_samples: int = 10000
     on_bad_case: str = "fail"
-    on_duplicate: str = "fail"  # the source's: two cases whose images are the same files
     storage: str = "mapped"
     seed: int = 42
 
@@ -474,10 +473,12 @@ def duplicate_cases(ds: MSDDataset, manifest: dict, on_duplicate: str) -> dict[s
     return dropped
 
 
-def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig, manifest: dict | None = None) -> dict:
+def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig, manifest: dict | None = None,
+                 on_duplicate: str = "fail") -> dict:  # fmt: skip
     """Check every case, split the good ones, fingerprint the training cases and plan (cases
-    identical to another, found through the `manifest`'s checksums, are refused or skipped)."""
-    duplicates = duplicate_cases(ds, manifest, cfg.on_duplicate) if manifest else {}
+    identical to another, found through the `manifest`'s checksums, are refused or skipped:
+    the source's on_duplicate)."""
+    duplicates = duplicate_cases(ds, manifest, on_duplicate) if manifest else {}
     if duplicates:
         print(f"{len(duplicates)} cases left out as duplicates: {sorted(duplicates)}",
               file=sys.stderr)  # fmt: skip
@@ -529,13 +530,16 @@ def _naming_sources(manifest: dict) -> Iterator[None]:
 
 
 def plan_volumes(
-    manifest_path: str | os.PathLike, out_dir: str | os.PathLike, cfg: VolumePrepConfig
+    manifest_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    cfg: VolumePrepConfig,
+    on_duplicate: str = "fail",
 ) -> dict:
     """The planning job: check every case, fingerprint, plan, split; one folder, atomically."""
     manifest = read_json(manifest_path)
     with _naming_sources(manifest):
         ds = load_dataset(manifest["root"])
-        planned = plan_dataset(ds, cfg, manifest)
+        planned = plan_dataset(ds, cfg, manifest, on_duplicate)
     with atomic_path(out_dir, directory=True) as tmp:
         _write_json_files(tmp, planned)
     return planned["plan"]

@@ -26,6 +26,10 @@ MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
 TRAIN = {"batch_size": 32, "lr": 3e-3, "warmup_steps": 4, "log_every": 5, "seed": 3}
 
 
+# what a record measures of the machine, not of the training: differs between two sessions
+TIMINGS = {"time", "jets_per_s", "data_wait_fraction", "window_s"}
+
+
 def test_slurm_durations_and_the_stop_time():
     assert parse_slurm_duration("1-02:03:04") == ((24 + 2) * 60 + 3) * 60 + 4
     assert parse_slurm_duration("2:03:04") == (2 * 60 + 3) * 60 + 4
@@ -340,7 +344,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     assert resumed and 0 < int(resumed[1]) < 2000, log[-3000:]
     a, b = (
         [
-            {k: v for k, v in r.items() if k not in {"time", "jets_per_s", "data_wait_fraction", "window_s"}}
+            {k: v for k, v in r.items() if k not in TIMINGS}
             for r in read_metrics(runs / name / "metrics.jsonl")
             if "cost" not in r  # what the sessions cost differs; what they trained may not
         ]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from voxjet.io.atomic import HOST
+from voxjet.io.atomic import HOST, temporary_name
 
 LEDGER = Path(".voxjet") / "ledger"
 _CLEAR = b'{"state": "clear"}\n'
@@ -34,7 +34,7 @@ def ledger_path(output: str | os.PathLike, root: str | os.PathLike = LEDGER) -> 
 
 def _write(path: Path, data: bytes, stamp: float | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{HOST}-{os.getpid()}")
+    tmp = temporary_name(path)
     tmp.write_bytes(data)
     if stamp is not None:
         os.utime(tmp, (stamp, stamp))

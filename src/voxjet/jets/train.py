@@ -117,13 +117,21 @@ class JetTask:
             if self.s.loader_workers == 0
             else ReturningLoader(self._stream, self.s.loader_workers, slots=self.s.prefetch + 4)
         )
-        length = int(self.index["max_particles"])
-        for b in loader:
-            if "offsets" in b:  # pad on the GPU (this runs in the loop's prefetch thread)
-                counts = b.pop("offsets").diff().to(rt.device, non_blocking=True)
-                flat = b["particles"].to(rt.device, non_blocking=True)
-                b["particles"], b["mask"] = pad_particles(flat, counts, length)
-            yield b
+        yield from loader
+
+    # what the loop's DeviceFeed moves to the device one step ahead (where the jets came from
+    # stays on the host, for messages)
+    device_keys = ("particles", "mask", "labels", "offsets")
+
+    def on_device(self, batch: dict, device: torch.device) -> dict:
+        """An unpadded batch (a GPU's) padded where it now is."""
+        if "offsets" not in batch:
+            return batch
+        b = dict(batch)
+        counts = b.pop("offsets").diff().to(device)
+        b["particles"], b["mask"] = pad_particles(b["particles"].to(device), counts,
+                                                  int(self.index["max_particles"]))  # fmt: skip
+        return b
 
     def provenance(self, batch) -> torch.Tensor:
         """(shard number, row) of each jet of the batch."""

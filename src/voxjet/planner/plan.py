@@ -128,6 +128,7 @@ class _Stepper:
     forward with the loss, backward, gradient clipping and the optimiser, timed in parts."""
 
     def __init__(self, task: Any, s: Any, rt: Any) -> None:
+        from voxjet.io.device_feed import DeviceFeed
         from voxjet.io.prefetch import prefetch
         from voxjet.training.loop import _epochs, make_optimizer
 
@@ -135,7 +136,10 @@ class _Stepper:
         self.model = task.build_model().to(self.device)
         self.model.train()
         self.opt = make_optimizer(self.model.parameters(), s, s.lr)
-        self.batches = prefetch((b for b in _epochs(task, 0, 0, rt) if b is not None), s.prefetch)
+        feed = DeviceFeed(self.device, getattr(task, "device_keys", None))
+        self.batches = feed(prefetch((b for b in _epochs(task, 0, 0, rt) if b is not None),
+                                     s.prefetch))  # fmt: skip
+        self.on_device = getattr(task, "on_device", None)
         self.items = 0
 
     def step(self) -> tuple[float, float, float, float]:
@@ -143,6 +147,8 @@ class _Stepper:
         t0 = time.perf_counter()
         batch = next(self.batches)
         t1 = time.perf_counter()
+        if self.on_device is not None:  # as the loop: part of the step (device augmentation)
+            batch = self.on_device(batch, self.device)
         loss, n = self.task.loss(self.model, batch, self.device)
         _sync(self.device)
         t2 = time.perf_counter()

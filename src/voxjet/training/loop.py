@@ -29,9 +29,11 @@ from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.lock import RunLock
+from voxjet.io.device_feed import DeviceFeed
 from voxjet.io.prefetch import prefetch
 from voxjet.progress import Progress
 from voxjet.training import accounting, identity
+from voxjet.training.compiled import CompiledModule, compile_errors, compile_wanted
 from voxjet.training.logger import MetricsLog, StepTimer, Trackers
 from voxjet.training.schedule import multiplier
 
@@ -66,6 +68,8 @@ class TrainSettings:
     pipeline_stages: int = 1
     microbatches: int = 4
     pipeline_schedule: str = "1f1b"
+    compile: bool | None = None  # None: on CUDA only
+    augment_on: str | None = None  # volumes: "device" or "loader"; None: device on CUDA
 
 
 class Task(Protocol):
@@ -163,6 +167,7 @@ class TrainState:
     step_on_device: torch.Tensor | None = None
     recent: deque = field(default_factory=deque)  # (step, provenance) of the window's batches
     cost: dict | None = None  # what earlier sessions of the run cost (accounting.add_session)
+    compiled: CompiledModule | None = None  # train.compile: the compiled step and its fallback
 
 
 class Trainer:
@@ -257,8 +262,44 @@ class Trainer:
             state.module = torch.nn.parallel.DistributedDataParallel(
                 state.model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None
             )
+        if not compile_wanted(s.compile, rt.device):
+            return
+        if state.pipe is not None:
+            # a schedule's micro-batch runs inside torch.distributed.pipelining, where a failed
+            # compile could not fall back without leaving the other stages waiting
+            if rt.is_main:
+                print("train.compile: pipeline stages run eager (no fallback inside a "
+                      "pipeline schedule)", file=sys.stderr)  # fmt: skip
+            return
+        state.compiled = CompiledModule.wrap(state.module, announce=rt.is_main)
+        state.module = state.compiled.module
 
     # ---- one step ---------------------------------------------------------------------------
+
+    def _forward(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, int]:
+        """Forward (under autocast on CUDA) and backward (outside it) of one batch."""
+        with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext():
+            if state.pipe is not None:  # forward and backward happen inside the schedule
+                inputs, target = self.task.pipeline_batch(batch, self.rt.device)
+                return state.pipe.step(inputs, target), len(inputs)
+            loss, n = self.task.loss(state.module, batch, self.rt.device)
+        loss.backward()
+        return loss, n
+
+    def _compiled_forward(self, state: TrainState, batch: Any) -> tuple[torch.Tensor, int]:
+        """The step's forward and backward through the compiled module; when torch cannot
+        compile it, the same step again eagerly (nothing was updated yet)."""
+        c = state.compiled
+        c.step_started()
+        try:
+            out = self._forward(state, batch)
+        except compile_errors() as e:
+            c.fall_back(e)
+            state.module = c.module
+            state.optimizer.zero_grad(set_to_none=True)
+            return self._forward(state, batch)
+        c.step_done()
+        return out
 
     def train_step(self, state: TrainState, batch: Any) -> int:
         """Forward, backward and optimiser step of one batch; returns the items it held. The
@@ -266,14 +307,14 @@ class Trainer:
         s = self.s
         state.module.train()
         state.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16) if self.amp else nullcontext():
-            if state.pipe is None:
-                loss, n = self.task.loss(state.module, batch, self.rt.device)
-            else:  # forward and backward happen inside the pipeline schedule
-                inputs, target = self.task.pipeline_batch(batch, self.rt.device)
-                loss, n = state.pipe.step(inputs, target), len(inputs)
+        on_device = getattr(self.task, "on_device", None)
+        if on_device is not None:  # e.g. augmentation on the device: part of the step
+            batch = on_device(batch, self.rt.device)
+        if state.compiled is not None and state.compiled.compiled is not None:
+            loss, n = self._compiled_forward(state, batch)
+        else:
+            loss, n = self._forward(state, batch)
         if state.pipe is None:
-            loss.backward()
             if s.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(state.model.parameters(), s.grad_clip)
         else:
@@ -493,9 +534,10 @@ class Trainer:
         timer = StepTimer()
         bar = Progress(s.steps, f"train {self.run_dir.name}", "step", state.step, not rt.is_main)
         try:
-            batches = prefetch(
+            feed = DeviceFeed(rt.device, getattr(self.task, "device_keys", None))
+            batches = feed(prefetch(
                 _epochs(self.task, state.epoch, state.position, state.data_rt), s.prefetch
-            )
+            ))  # fmt: skip
             for batch in batches:
                 if state.step >= s.steps:  # a run resumed from its final checkpoint
                     break

@@ -47,13 +47,21 @@ def _jets() -> tuple:
 CASES = {
     "pfn": (lambda: _jet_model("pfn", phi_sizes=(16, 16), f_sizes=(16,)), _jets, _jet_step),
     "particlenet": (lambda: _jet_model("particlenet", dropout=0.0), _jets, _jet_step),
-    "part": (lambda: _jet_model("part", dim=16, heads=2, blocks=2, class_blocks=1, pair_dim=8,
-                                dropout=0.0), _jets, _jet_step),  # fmt: skip
+    "part": (
+        lambda: _jet_model(
+            "part", dim=16, heads=2, blocks=2, class_blocks=1, pair_dim=8, dropout=0.0
+        ),
+        _jets,
+        _jet_step,
+    ),  # fmt: skip
     "unet": (
-        lambda: build_seg_model({"name": "unet", "in_channels": 1, "out_channels": 3,
-                                 "channels": [4, 8, 16]}),  # fmt: skip
-        lambda: (torch.randn(2, 1, 16, 16, 8, generator=torch.Generator().manual_seed(1)),
-                 torch.randint(0, 3, (2, 16, 16, 8), generator=torch.Generator().manual_seed(2))),
+        lambda: build_seg_model(
+            {"name": "unet", "in_channels": 1, "out_channels": 3, "channels": [4, 8, 16]}
+        ),  # fmt: skip
+        lambda: (
+            torch.randn(2, 1, 16, 16, 8, generator=torch.Generator().manual_seed(1)),
+            torch.randint(0, 3, (2, 16, 16, 8), generator=torch.Generator().manual_seed(2)),
+        ),
         _seg_step,
     ),
 }
@@ -84,7 +92,9 @@ def test_compiled_step_equals_eager(name):
 def test_compile_default_is_cuda_only():
     assert compile_wanted(None, torch.device("cuda", 0))
     assert not compile_wanted(None, torch.device("cpu"))
-    assert compile_wanted(True, torch.device("cpu")) and not compile_wanted(False, torch.device("cuda"))
+    assert compile_wanted(True, torch.device("cpu")) and not compile_wanted(
+        False, torch.device("cuda")
+    )
 
 
 def _settings(**kw) -> TrainSettings:

@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import Any
 
 # train: keys that do not change what the run computes, step for step
-NOT_TRAJECTORY = ("steps", "log_every", "eval_every", "checkpoint_every", "prefetch",
-                  "compile")  # compiled or not: the same step to float rounding
+NOT_TRAJECTORY = (
+    "steps",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "prefetch",
+    "compile",
+)  # compiled or not: the same step to float rounding
 COMPLETE = "complete.json"  # written beside the checkpoints once model.pt is written
 
 

@@ -28,8 +28,8 @@ from voxjet.distributed import checkpoint
 from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
-from voxjet.io.lock import RunLock
 from voxjet.io.device_feed import DeviceFeed
+from voxjet.io.lock import RunLock
 from voxjet.io.prefetch import prefetch
 from voxjet.progress import Progress
 from voxjet.training import accounting, identity

@@ -20,6 +20,16 @@ from voxjet.io.fetch import FetchConfig
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.mapped import MappedArray, is_mapped
 from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
+from voxjet.volumes.augment import (
+    MARGIN,
+    P_ROTATE,
+    P_SCALE,
+    ROTATE,
+    SCALE,
+    AugmentGeometry,
+    cut_sizes,
+    draw_batch,
+)
 
 # 4: image and label uncompressed with a CRC32 a slab (storage: mapped) or in half-patch
 # chunks; 3: the original label kept for metrics in the original space; 2: a fletcher32
@@ -199,15 +209,10 @@ def draw_centre(
     return np.array([rng.integers(a, b) for a, b in zip(lo, hi, strict=True)])
 
 
-# nnU-Net's augmentation, from MONAI transforms: (rotation, scaling) applied with these
-# probabilities to a patch read larger (so turning it brings in no empty corners), then Gaussian
-# noise and blur, brightness, contrast, low resolution simulated, gamma, and mirroring
-P_ROTATE, P_SCALE = 0.2, 0.2
-ROTATE = np.pi / 6  # ±30°
-SCALE = (0.7, 1.4)
-MARGIN = 1.45  # how much larger a patch is read when it is turned or scaled
-
-
+# nnU-Net's augmentation in the loader, from MONAI transforms: (rotation, scaling) applied with
+# these probabilities to a patch read larger (so turning it brings in no empty corners), then
+# Gaussian noise and blur, brightness, contrast, low resolution simulated, gamma, and mirroring.
+# `train.augment_on: device` applies the same recipe to whole batches (voxjet.volumes.augment).
 def make_spatial(patch: np.ndarray, rotate: bool, scale: bool, anisotropic: bool):
     """MONAI's RandAffined onto the patch's grid (its centre), applied for sure (the caller
     decided, so it could read a larger region only when needed)."""
@@ -270,6 +275,7 @@ class PatchSampler:
         seed: int = 0,
         augment: bool = False,
         spacing: list[float] | None = None,
+        augment_on: str = "loader",
     ) -> None:
         self.store = store
         self.patch = np.array(patch_size, int)
@@ -277,10 +283,15 @@ class PatchSampler:
         self.n_fg = int(round(batch_size * fg_fraction))
         self.seed = seed
         self.augment = augment
+        # "device": patches are only cut here (larger where the draw turns or scales them),
+        # with the batch's augmentation parameters; the training device applies them
+        self.on_device = augment and augment_on == "device"
+        self.spacing = spacing
+        self.big = np.ceil(self.patch * MARGIN).astype(int)
         sp = np.asarray(spacing or [1.0, 1.0, 1.0], float)
         self.anisotropic = bool(sp.max() > 3 * sp.min())
         self._spatial: dict = {}
-        self._intensity = make_intensity() if augment else None
+        self._intensity = make_intensity() if augment and not self.on_device else None
 
     def cases(self, rank: int, epoch: int, index: int) -> list[str]:
         """The cases the batch at this position draws its patches from (known before any
@@ -308,12 +319,23 @@ class PatchSampler:
         # move the patches, and the cases are known without drawing the centres
         aug_rng = np.random.default_rng([self.seed, rank, epoch, index, 1])
         source: list[str] = []
-        out = None
+        out = params = None
         for i, case in enumerate(self.cases(rank, epoch, index)):
             image, label = self.store.volumes(case)
             if out is None:  # the batch is filled in place, patch by patch
                 specs = {"image": ((self.batch_size, image.shape[0], *self.patch), np.float32),
                          "label": ((self.batch_size, 1, *self.patch), np.uint8)}  # fmt: skip
+                if self.on_device:
+                    geometry = AugmentGeometry.from_spacing(image.shape[0], self.spacing)
+                    params = draw_batch((self.seed, rank, epoch, index), self.batch_size,
+                                        geometry)  # fmt: skip
+                    k = int(params["aug_spatial"].sum())
+                    # cut as large as the draws need (no empty corners, no more read)
+                    big = cut_sizes(params, self.patch)
+                    specs["big_image"] = ((k, image.shape[0], *big), np.float32)
+                    specs["big_label"] = ((k, 1, *big), np.uint8)
+                    big_at = np.cumsum(params["aug_spatial"]) - 1
+                    params["aug_mirror_cut"] = np.zeros(self.batch_size, bool)
                 arrays = (alloc or _empty)(specs)
                 out = (arrays["image"], arrays["label"][:, 0])
             imgs, lbls = out
@@ -325,6 +347,22 @@ class PatchSampler:
                 i >= self.batch_size - self.n_fg,
             )
             source.append(f"{case}.h5@{centre.tolist()}")
+            if params is not None and params["aug_spatial"][i]:
+                # the larger cut the device turns and scales; the patch's slot is filled there
+                j = big_at[i]
+                read_patch(image, label, centre, big,
+                           out=(arrays["big_image"][j], arrays["big_label"][j, 0]))  # fmt: skip
+                imgs[i], lbls[i] = 0, 0
+                continue
+            if params is not None:
+                # cut mirrored (intensity transforms commute with mirroring): free here, a
+                # copy a patch on the device
+                flip = tuple(slice(None, None, -1) if f else slice(None)
+                             for f in params["aug_mirror"][i])  # fmt: skip
+                read_patch(image, label, centre, self.patch,
+                           out=(imgs[i][(slice(None), *flip)], lbls[i][flip]))  # fmt: skip
+                params["aug_mirror_cut"][i] = True
+                continue
             if not self.augment:
                 read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
                 continue
@@ -332,8 +370,7 @@ class PatchSampler:
             rotate, scale = aug_rng.random() < P_ROTATE, aug_rng.random() < P_SCALE
             seed = int(aug_rng.integers(2**31))
             if rotate or scale:
-                big = np.ceil(self.patch * MARGIN).astype(int)
-                img, lbl = read_patch(image, label, centre, big)
+                img, lbl = read_patch(image, label, centre, self.big)
                 tf = self._spatial_tf(rotate, scale)
                 tf.set_random_state(seed=seed)
                 moved = tf({"image": img, "label": lbl[None]})
@@ -345,12 +382,9 @@ class PatchSampler:
             aug = self._intensity({"image": imgs[i], "label": lbls[i][None]})
             imgs[i] = np.asarray(aug["image"], np.float32)
             lbls[i] = np.asarray(aug["label"], np.uint8)[0]
-        return {
-            "image": torch.from_numpy(arrays["image"]),
-            # as stored (uint8): the task widens it on the device (8x fewer bytes to move)
-            "label": torch.from_numpy(arrays["label"]),
-            "source": source,
-        }
+        batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        # labels as stored (uint8): the task widens them on the device (8x fewer bytes to move)
+        return {**batch, **(params or {}), "source": source}
 
 
 def _empty(specs: dict) -> dict[str, np.ndarray]:
@@ -387,4 +421,5 @@ class PatchBatches(torch.utils.data.IterableDataset):
 
             # the slab's own tensors (or its slot) travel, not views made of the arrays
             batch = self.sampler.batch(self.rank, self.epoch, index, alloc=alloc)
-            yield {**handed, "source": batch["source"]}
+            drawn = {k: v for k, v in batch.items() if k.startswith("aug_")}
+            yield {**handed, **drawn, "source": batch["source"]}

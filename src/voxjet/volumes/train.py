@@ -1,7 +1,8 @@
 """`voxjet train-seg`: patch-based 3D segmentation through the shared training loop: DiceCE
 on class labels (softmax) or on region masks (sigmoid, region-based datasets, as nnU-Net trains
 them), deep supervision on DynUNet's decoder outputs where asked, the plan's network, k-fold
-cross-validation runs, and patches made by DataLoader workers with nnU-Net's augmentation."""
+cross-validation runs, and patches made by DataLoader workers with nnU-Net's augmentation (applied
+there, or to whole batches on the training device: `train.augment_on`)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,7 @@ class SegTask:
             s.seed,
             augment=s.augment,
             spacing=self.plan["target_spacing"],
+            augment_on=s.augment_on or "loader",
         )
         self.s = s
         self.iterations = s.iterations_per_epoch
@@ -151,6 +153,20 @@ class SegTask:
         # workers make the patches (reading, augmenting) side by side, in the same order
         batches = PatchBatches(self.sampler, rt.rank, epoch, start, self.iterations)
         yield from ReturningLoader(batches, self.s.loader_workers, slots=self.s.prefetch + 4)
+
+    # what the loop's DeviceFeed moves to the device one step ahead (the drawn augmentation
+    # parameters stay on the host: indexing by them there costs no device synchronisation)
+    device_keys = ("image", "label", "big_image", "big_label")
+
+    def on_device(self, batch: dict, device: torch.device) -> dict:
+        """The batch augmented on the device (`train.augment_on: device`), in place."""
+        if "aug_spatial" not in batch:
+            return batch
+        from voxjet.volumes.augment import augment_batch, params_of
+
+        b = {k: (v.to(device) if k in self.device_keys else v) for k, v in batch.items()}
+        augment_batch(b["image"], b["label"], params_of(b), (b["big_image"], b["big_label"]))
+        return b
 
     def provenance(self, batch) -> list[str]:
         """The case and patch centre of each patch."""
@@ -230,6 +246,10 @@ def make_task(cases_dir: str, run_config: dict[str, Any],
     profile of one step)."""
     opts = ReadOptions.from_config(read)
     s = TrainSettings(**run_config.get("train", {}))
+    if s.augment_on is None:  # the GPU augments its batches; a CPU's loader workers do
+        from voxjet.distributed.gpus import job_device
+
+        s.augment_on = "device" if job_device() == "cuda" else "loader"
     if s.batch_size is None:  # the plan's, from the GPU memory budget
         s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)

@@ -203,25 +203,27 @@ def _two_pass(vol: torch.Tensor, lab: torch.Tensor, m: np.ndarray, b: np.ndarray
                out=grid[0, ..., k])  # fmt: skip
     grid = grid[0]
 
-    # x0 leaving the slices cut (a cut smaller than the patch needs): a zero slice each side
-    pad = int(x0.min() < lo or x0.max() > hi)
-
     def planes(src: torch.Tensor, mode: str) -> torch.Tensor:
         out = F.grid_sample(src[:, lo : hi + 1].transpose(0, 1).to(dt), grid, mode=mode,
-                            padding_mode="zeros", align_corners=False).transpose(0, 1)  # fmt: skip
-        return F.pad(out, (0, 0, 0, 0, 1, 1)) if pad else out  # [C, slices, P1, P2]
+                            padding_mode="zeros", align_corners=False)  # fmt: skip
+        return out.permute(2, 1, 0, 3)  # [slices, C, P1, P2] → [P1, C, slices, P2]
 
     img_planes, lab_planes = planes(vol, "bilinear"), planes(lab, "nearest")
-    n = hi - lo + 1 + 2 * pad
-    at = _along(m[0], b[0] - lo + pad, offs).clamp_(0, n - 1)  # x0 in (padded) slice units
-    k0 = at.floor().clamp_(max=n - 2)
-    frac = at.sub_(k0)
-    k0 = k0.long()
-    k1 = k0 + 1
-    # each output voxel reads its own two slices at its own (p1, p2): a gather along axis 0
-    image = torch.stack([torch.lerp(f.gather(0, k0), f.gather(0, k1), frac) for f in img_planes])
-    label = lab_planes[0].gather(0, k0.add_(frac >= 0.5))
-    return image.to(vol.dtype), label[None].to(lab.dtype)
+
+    # pass 2, again a 2-D grid_sample (batched over p1): in the (slice, p2) plane each output
+    # voxel sits at its own x0 and exactly on its p2 column, so bilinear is linear between the
+    # two slices around x0, and nearest the nearest slice; outside the slices, zeros
+    n = hi - lo + 1
+    grid = torch.empty((patch[1], patch[0], patch[2], 2), device=dev, dtype=dt)
+    grid[..., 0] = (2 * torch.arange(patch[2], device=dev, dtype=dt) + 1) / patch[2] - 1
+    coef = np.array([m[0, 1], m[0, 0], m[0, 2]]) * 2.0 / n  # (p1, p0, p2) order, normalised
+    _along(coef, (2.0 * (b[0] - lo) + 1) / n - 1, [offs[1], offs[0], offs[2]], out=grid[..., 1])
+    image = F.grid_sample(img_planes, grid, mode="bilinear", padding_mode="zeros",
+                          align_corners=False)  # fmt: skip
+    label = F.grid_sample(lab_planes, grid, mode="nearest", padding_mode="zeros",
+                          align_corners=False)  # fmt: skip
+    # [P1, C, P0, P2] → [C, P0, P1, P2]
+    return image.permute(1, 2, 0, 3).to(vol.dtype), label.permute(1, 2, 0, 3).to(lab.dtype)
 
 
 def resample(big: torch.Tensor, big_label: torch.Tensor, maps: list[tuple[np.ndarray, np.ndarray]],

@@ -20,6 +20,21 @@ CASES = {
     "jets_io": ["--jets-per-file", "400"],
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
+    # four cases: the plan's split needs a validation case besides training ones
+    "augment": [
+        "--cases",
+        "4",
+        "--shape",
+        "40",
+        "40",
+        "20",
+        "--patch",
+        "32",
+        "32",
+        "16",
+        "--batches",
+        "3",
+    ],  # fmt: skip
 }
 
 
@@ -34,3 +49,27 @@ def test_benchmark_runs_on_tiny_data(name, tmp_path):
                        env=env, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "target" in r.stdout or "goal" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_runs_every_row_on_the_cpu(tmp_path):
+    # the script a GPU machine runs once: on the CPU with tiny shapes, every section must
+    # still produce its rows (one tagger compiled, to keep the compile time down)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "gpu.json"
+    r = subprocess.run([sys.executable, str(BENCH / "gpu.py"), "--tiny", "--compile-models",
+                        "pfn", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    rows = json.loads(out.read_text())
+    assert not [x for x in rows if x["section"] == "error"], rows
+    names = {x["name"] for x in rows}
+    for model in ("pfn", "particlenet", "part"):
+        assert f"{model} eager jets/s" in names
+    assert "pfn compiled jets/s" in names
+    seg = [x for x in rows if x["section"] == "seg"]
+    assert len(seg) == 4 and all(x["value"] > 0 for x in seg)
+    assert any(x["name"].startswith("DDP step on gloo") for x in rows)
+    assert next(x for x in rows if x["section"] == "fail")["value"] == "yes"

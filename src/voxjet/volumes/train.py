@@ -83,7 +83,7 @@ class SegTask:
             s.seed,
             augment=s.augment,
             spacing=self.plan["target_spacing"],
-            augment_on=s.augment_on or "loader",
+            augment_on=s.augment_on,
         )
         self.s = s
         self.iterations = s.iterations_per_epoch
@@ -246,10 +246,6 @@ def make_task(cases_dir: str, run_config: dict[str, Any],
     profile of one step)."""
     opts = ReadOptions.from_config(read)
     s = TrainSettings(**run_config.get("train", {}))
-    if s.augment_on is None:  # the GPU augments its batches; a CPU's loader workers do
-        from voxjet.distributed.gpus import job_device
-
-        s.augment_on = "device" if job_device() == "cuda" else "loader"
     if s.batch_size is None:  # the plan's, from the GPU memory budget
         s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)

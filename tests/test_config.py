@@ -31,6 +31,24 @@ def test_unknown_key_is_named_with_its_path(demo_config):
         check_config(bad, SCHEMA)
 
 
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        (
+            "augment_on",
+            "gpu",
+            r"unet\.train\.augment_on': 'gpu' is not one of \['device', 'loader'\]",
+        ),
+        ("compile", "yes", r"unet\.train\.compile': expected true or false or null, got 'yes'"),
+    ],
+)
+def test_gpu_settings_are_checked(demo_config, key, value, match):
+    bad = copy.deepcopy(demo_config)
+    bad["experiments"]["unet"]["train"][key] = value
+    with pytest.raises(VoxjetError, match=match):
+        check_config(bad, SCHEMA)
+
+
 def test_wrong_type_names_key_and_expected_type(demo_config):
     bad = copy.deepcopy(demo_config)
     bad["experiments"]["pfn"]["train"]["steps"] = "many"

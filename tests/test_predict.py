@@ -127,7 +127,8 @@ def test_new_files_pass_the_test_splits_own_selection(tagger, tmp_path):
     """A model whose data had a test_time_selection scores new files' jets that pass it."""
     import torch
 
-    from voxjet.jets.predict import load_tagger, predict_file
+    from voxjet.jets.predict import predict_file
+    from voxjet.jets.tagger import load_tagger
 
     t = load_tagger(tagger / "run" / "model.pt", torch.device("cpu"))
     t.data = {**t.data, "test_time_selection": "jet_pt > 800"}

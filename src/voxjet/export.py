@@ -158,7 +158,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
 
 
 def _export_jets(model_path, fmt: str, out: Path) -> Path:
-    from voxjet.jets.evaluate import load_trained
+    from voxjet.jets.tagger import load_trained
 
     model, saved = load_trained(model_path)
     cfg = saved["model_config"]

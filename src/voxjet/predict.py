@@ -92,7 +92,8 @@ def run_predict(
             from voxjet.volumes.predict import run_volume_predict
 
             return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities)
-        from voxjet.jets.predict import load_tagger, predict_file
+        from voxjet.jets.predict import predict_file
+        from voxjet.jets.tagger import load_tagger
 
         if len(models) > 1:
             raise VoxjetError("predict: a tagger is applied one model at a time")

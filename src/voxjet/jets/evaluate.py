@@ -11,7 +11,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.integrity import checked_lz4
@@ -19,23 +18,8 @@ from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
 from voxjet.jets.dataset import load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
-from voxjet.jets.models import build_model
-from voxjet.jets.predict import Tagger, inference_batch, score
+from voxjet.jets.tagger import Tagger, inference_batch, load_trained, score
 from voxjet.report.figures import pyplot, roc_overlay, save_figure
-
-
-def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
-    """Rebuild a trained jet model from model.pt."""
-    saved = checkpoint.load_file(model_path)
-    domain = saved.get("model_config", {}).get("domain", "jets")
-    if domain != "jets":
-        raise VoxjetError(
-            f"{model_path}: a {domain} model; jet tagging needs a model trained by train-jets"
-        )
-    cfg = {k: v for k, v in saved["model_config"].items() if k not in ("classes", "data", "domain")}
-    model = build_model(**cfg)
-    checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
-    return model, saved
 
 
 def _plot_confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:

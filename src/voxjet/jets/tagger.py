@@ -1,0 +1,91 @@
+"""A trained jet tagger as evaluation and prediction both use it: rebuilt from model.pt, with
+the jets config it was trained with, and scoring jets given as flat particles with counts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from voxjet.distributed import checkpoint
+from voxjet.errors import VoxjetError
+from voxjet.jets.jagged import pad_particles
+from voxjet.jets.models import build_model
+
+
+def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
+    """Rebuild a trained jet model from model.pt."""
+    saved = checkpoint.load_file(model_path)
+    domain = saved.get("model_config", {}).get("domain", "jets")
+    if domain != "jets":
+        raise VoxjetError(
+            f"{model_path}: a {domain} model; jet tagging needs a model trained by train-jets"
+        )
+    cfg = {k: v for k, v in saved["model_config"].items() if k not in ("classes", "data", "domain")}
+    model = build_model(**cfg)
+    checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
+    return model, saved
+
+
+@dataclass
+class Tagger:
+    """A trained tagger and what it needs to turn ROOT branches into its inputs."""
+
+    model: torch.nn.Module
+    classes: list[str]
+    data: dict[str, Any]  # the jets section it was trained with (voxjet.jets.shard)
+    device: torch.device
+    path: str
+    batch: int = 256  # jets a forward pass (inference_batch)
+
+    @property
+    def tree(self) -> str:
+        """The tree the model's features were defined on."""
+        return self.data["tree"]
+
+
+def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:
+    """A jet model from model.pt, refusing other domains and models without their features."""
+    model, saved = load_trained(model_path)
+    data = saved["model_config"].get("data")
+    if data is None:
+        raise VoxjetError(
+            f"{model_path}: this model does not record the jets config it was trained with "
+            "(trained by an older voxjet); retrain it to predict on new files"
+        )
+    return Tagger(model.to(device).eval(), list(saved["model_config"]["classes"]), data, device,
+                  str(model_path), inference_batch(saved))  # fmt: skip
+
+
+def inference_batch(saved: dict) -> int:
+    """Jets a forward pass: the run's training batch, which fitted with gradients, so it fits
+    without (activations, not the split, set inference memory: ParT's pair features grow with
+    batch × particles²)."""
+    batch = (saved.get("settings") or {}).get("batch_size")
+    if batch is None:  # a model.pt without its settings: the training default
+        from voxjet.jets.train import JET_BATCH_SIZE
+
+        batch = JET_BATCH_SIZE
+    return int(batch)
+
+
+@torch.no_grad()
+def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int | None = None) -> np.ndarray:
+    """Class probabilities [N, C] of jets given as flat particles with counts."""
+    batch = batch or tagger.batch
+    counts = np.asarray(feats["counts"], np.int64)
+    off = np.concatenate([[0], np.cumsum(counts)])
+    length = int(tagger.data["max_particles"])
+    out = np.empty((len(counts), len(tagger.classes)), np.float32)
+    flat = torch.from_numpy(feats["particles"])
+    for lo in range(0, len(counts), batch):
+        hi = min(lo + batch, len(counts))
+        part = flat[off[lo] : off[hi]].to(tagger.device)
+        p, mask = pad_particles(part, torch.from_numpy(counts[lo:hi]).to(tagger.device), length)
+        logits = tagger.model(p, mask)
+        out[lo:hi] = torch.softmax(logits.float(), dim=1).cpu().numpy()
+    return out

@@ -362,3 +362,24 @@ def test_a_weaver_model_on_a_dataset_without_a_weaver_config_stops_the_check(dem
                                           r"groups of a weaver data config; give dataset "
                                           r"'toy_jets' jets\.weaver_config"):  # fmt: skip
         check_config(cfg, "config/schema.yaml")
+
+
+def test_a_weaver_configs_treename_is_the_tree_staging_checks(demo_config, workflow_dir, tmp_path):
+    # NanoAOD's tree is `Events`: the stage job checks the tree the weaver config names
+    from conftest import run_snakemake, write_config
+
+    doc = {**data_config("kin"), "treename": "Events"}
+    path = tmp_path / "nano.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(path), "tree": "Events"}
+    config = write_config(tmp_path / "c.yaml", cfg)
+    r = run_snakemake(workflow_dir, "-n", "-p", "--until", "stage", "--configfile", str(config),
+                      "--replace-workflow-config")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'--tree' 'Events'" in r.stdout, r.stdout[-3000:]
+    cfg["datasets"]["toy_jets"]["jets"]["tree"] = "events"
+    config = write_config(tmp_path / "c.yaml", cfg)
+    r = run_snakemake(workflow_dir, "-n", "--configfile", str(config), "--replace-workflow-config")
+    assert r.returncode != 0
+    assert "toy_jets.jets'.tree is 'events', but weaver_config" in r.stdout + r.stderr

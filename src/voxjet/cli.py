@@ -153,7 +153,7 @@ def _predict(a: argparse.Namespace) -> None:
     from voxjet.predict import run_predict
 
     run_predict(a.model, a.input, a.out, a.observers, a.step_size, a.batch_size, a.overlap,
-                a.mirror, a.probabilities)  # fmt: skip
+                a.mirror, a.probabilities, tree=a.tree)  # fmt: skip
 
 
 def _export(a: argparse.Namespace) -> None:
@@ -378,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--out", required=True, help="folder for one output a file / case")
     s.add_argument("--observers", nargs="*", default=[], help="jets: branches copied through")
+    s.add_argument(
+        "--tree", default=None,
+        help="jets: the tree to score (default: the training files' tree, else the one tree "
+        "holding every branch the model needs)",
+    )  # fmt: skip
     s.add_argument("--step-size", type=int, default=50_000, help="jets: entries read at a time")
     s.add_argument(
         "--batch-size", type=int, default=None,

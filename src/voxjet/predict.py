@@ -77,6 +77,7 @@ def run_predict(
     overlap: float = 0.5,
     mirror: bool = False,
     probabilities: bool = False,
+    tree: str | None = None,
 ) -> list[Path]:
     """Predict every input with this process's share; returns the outputs written here."""
     from voxjet.distributed.runtime import init_runtime, shutdown
@@ -102,7 +103,7 @@ def run_predict(
         written = []
         for path, name in files[rt.rank :: rt.world_size]:
             target = out / name
-            predict_file(tagger, path, target, list(observers), step_size, batch_size)
+            predict_file(tagger, path, target, list(observers), step_size, batch_size, tree)
             written.append(target)
         print(f"predict: {len(written)} of {len(files)} files on rank {rt.rank}", file=sys.stderr)
         return written

@@ -124,6 +124,8 @@ def predict_options(wildcards):
     opts += ["--probabilities"] if p["probabilities"] else []
     if p["observers"]:
         opts.append("--observers " + " ".join(shlex.quote(o) for o in p["observers"]))
+    if p.get("tree"):
+        opts.append(f"--tree {shlex.quote(p['tree'])}")
     return " ".join(opts)
 
 
@@ -218,7 +220,9 @@ def stage_options(wildcards):
     if ds["source"].get("checksums"):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":
-        opts += ["--tree", ds["jets"]["tree"], "--on-bad-file", ds["jets"]["on_bad_file"]]
+        # the tree a weaver config names (its treename), else the section's
+        tree = resolve_weaver(ds["jets"], f"datasets.{wildcards.dataset}.jets")["tree"]
+        opts += ["--tree", tree, "--on-bad-file", ds["jets"]["on_bad_file"]]
         opts += ["--on-duplicate", ds["source"]["on_duplicate"]]
     else:  # identical label files are common (empty masks); the planning compares cases
         opts += ["--on-duplicate", "ignore"]

@@ -23,6 +23,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 from voxjet.jets.features import branches_needed, compute_features, select, variables
 from voxjet.jets.tagger import Tagger, score
+from voxjet.jets.trees import tree_names, tree_with
 
 SCORE_NOT_SCORED = -1.0
 SELECTED, FAILED_SELECTION, NOT_FINITE = 1, 0, -1
@@ -50,10 +51,30 @@ def _observer(arrays: ak.Array, name: str, path: Path) -> np.ndarray:
     return np.asarray(ak.to_numpy(col))
 
 
+def input_tree(f, path: Path, tagger: Tagger, need: list[str], tree: str | None) -> str:
+    """The tree of `f` to score: the one named, else the training files' tree where it holds
+    every branch needed, else the one tree that does (none or several: an error)."""
+    fix = "name it with voxjet predict --tree NAME (predict.<name>.tree in the config)"
+    if tree is not None:
+        if tree not in f:
+            raise VoxjetError(f"{path}: no tree {tree!r} (found {tree_names(f)}); {fix}")
+        return tree
+    trained = tagger.tree
+    if trained in f and all(b in f[trained] for b in need):
+        return trained
+    holding = [n for n in tree_names(f) if all(b in f[n] for b in need)]
+    if not holding and trained in f:
+        return trained  # its own message names the branches it lacks
+    return tree_with(f, need, f"{path} (the model {tagger.path} was trained on tree "
+                     f"{trained!r})", fix)  # fmt: skip
+
+
 def scored_chunks(
-    tagger: Tagger, path: Path, observers: list[str], step_size: int, batch: int | None
-) -> Iterator[dict[str, np.ndarray]]:
-    """The output columns of a ROOT file, step by step, every entry in order."""
+    tagger: Tagger, path: Path, observers: list[str], step_size: int, batch: int | None,
+    tree_name: str | None = None, found: dict | None = None,
+) -> Iterator[dict[str, np.ndarray]]:  # fmt: skip
+    """The output columns of a ROOT file's tree (TTree or RNTuple), step by step, every entry
+    in order; `found` gets the tree's name and whether it is an RNTuple."""
     import uproot
 
     cfg = tagger.data
@@ -65,15 +86,14 @@ def scored_chunks(
     except Exception as e:
         raise VoxjetError(f"{path}: cannot open as ROOT ({e})") from e
     with f:
-        if cfg["tree"] not in f:
-            found = sorted({k.split(";")[0] for k in f.keys()})
-            raise VoxjetError(f"{path}: no tree {cfg['tree']!r} (found {found}); the model "
-                              f"{tagger.path} was trained on tree {cfg['tree']!r}")  # fmt: skip
-        tree = f[cfg["tree"]]
+        name = input_tree(f, path, tagger, need, tree_name)
+        tree = f[name]
+        if found is not None:
+            found.update(name=name, rntuple="RNTuple" in f.classname_of(name))
         missing = [b for b in [*need, *observers] if b not in tree]
         if missing:
             raise VoxjetError(
-                f"{path}: tree {cfg['tree']!r} lacks the branches {missing} that the model's "
+                f"{path}: tree {name!r} lacks the branches {missing} that the model's "
                 f"features (or the observers asked for) need; the model {tagger.path} reads "
                 f"{need}"
             )
@@ -94,9 +114,29 @@ def scored_chunks(
                 scores[chosen] = score(tagger, feats, batch)
             out = {f"score_{c}": scores[:, i] for i, c in enumerate(tagger.classes)}
             out["selected"] = flag
-            for name in observers:
-                out[name] = _observer(arrays, name, path)
+            for obs in observers:
+                out[obs] = _observer(arrays, obs, path)
             yield out
+
+
+CHECKED_ROWS = 1000  # rows of each output column read back before the output is kept
+
+
+def _check_written(tmp: Path, tree: str, first: dict[str, np.ndarray], out_path: Path) -> None:
+    """The first rows of every column, read back from the written file, equal what was
+    written: a writer that misplaces columns must not leave scores under the wrong class."""
+    import uproot
+
+    n = min(len(v) for v in first.values())
+    with uproot.open(tmp) as f:
+        back = f[tree].arrays(list(first), entry_stop=n, library="np")
+    bad = [k for k, v in first.items() if not np.array_equal(np.asarray(back[k]), v[:n])]
+    if bad:
+        raise VoxjetError(
+            f"{out_path}: the columns {bad} read back differ from what was written (the ROOT "
+            "writer misplaced them); nothing was kept. Convert the input to a TTree, or update "
+            "uproot"
+        )
 
 
 def predict_file(
@@ -106,9 +146,11 @@ def predict_file(
     observers: list[str] = (),
     step_size: int = 50_000,
     batch: int | None = None,
+    tree_name: str | None = None,
 ) -> dict[str, int]:
-    """Score one ROOT file into `out_path` (same tree name, entries and order); written under a
-    temporary name, so a killed job leaves no output that looks complete."""
+    """Score one ROOT file into `out_path` (same tree name, entries and order, a TTree for a
+    TTree and an RNTuple for an RNTuple); written under a temporary name, so a killed job
+    leaves no output that looks complete."""
     import uproot
 
     path, out_path = Path(path), Path(out_path)
@@ -117,10 +159,17 @@ def predict_file(
     observers = list(dict.fromkeys([*(tagger.data.get("observers") or []), *observers]))
     with atomic_path(out_path) as tmp:
         with uproot.recreate(tmp) as fout:
-            tree = None
-            for cols in scored_chunks(tagger, path, observers, step_size, batch):
+            tree, found, first = None, {}, None
+            chunks = scored_chunks(tagger, path, observers, step_size, batch, tree_name, found)
+            for cols in chunks:
+                if found["rntuple"]:
+                    # uproot 5.7's RNTuple writer puts fields given out of alphabetical order
+                    # into each other's columns: names sorted, and the result read back below
+                    cols = {k: cols[k] for k in sorted(cols)}
                 if tree is None:
-                    tree = fout.mktree(tagger.tree, {k: v.dtype for k, v in cols.items()})
+                    make = fout.mkrntuple if found["rntuple"] else fout.mktree
+                    tree = make(found["name"], {k: v.dtype for k, v in cols.items()})
+                    first = {k: v[:CHECKED_ROWS].copy() for k, v in cols.items()}
                 tree.extend(cols)
                 flag = cols["selected"]
                 counts["entries"] += len(flag)
@@ -129,7 +178,11 @@ def predict_file(
                 counts["not_finite"] += int((flag == NOT_FINITE).sum())
             if tree is None:  # an empty tree: an empty output tree with the same branches
                 names = [f"score_{c}" for c in tagger.classes]
-                fout.mktree(tagger.tree, {**dict.fromkeys(names, np.float32), "selected": np.int8})
+                make = fout.mkrntuple if found.get("rntuple") else fout.mktree
+                make(found.get("name", tagger.tree),
+                     {**dict.fromkeys(names, np.float32), "selected": np.int8})  # fmt: skip
+        if first is not None:
+            _check_written(tmp, found["name"], first, out_path)
     print(
         f"{path} -> {out_path}: {counts['entries']} entries, {counts['scored']} scored, "
         f"{counts['failed_selection']} failed the selection, {counts['not_finite']} with "

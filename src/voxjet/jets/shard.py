@@ -38,6 +38,7 @@ from voxjet.jets.features import (
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
+from voxjet.jets.trees import branch_type, tree_names
 from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
 
@@ -236,7 +237,7 @@ def _open_tree(path: Path, cfg: JetDataConfig):
     except Exception as e:
         raise BadFile(f"{path}: cannot open as ROOT ({e}); re-stage the file") from e
     if cfg.tree not in f:
-        found = sorted({k.split(";")[0] for k in f.keys()})
+        found = tree_names(f)
         f.close()
         raise BadFile(f"{path}: no tree {cfg.tree!r} (found {found}); set jets.tree in the config")
     return f, f[cfg.tree]
@@ -251,7 +252,7 @@ def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], t
             "particle_features / jet_features / new_variables / selection / weights in the config"
         )
     for b in need:
-        t = str(tree[b].interpretation)
+        t = branch_type(tree, b)  # a TTree's branch or an RNTuple's field alike
         if types.setdefault(b, (t, path))[0] != t:
             first_t, first_path = types[b]
             raise BadFile(

@@ -151,14 +151,27 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_not_both(given: dict[str, Any], where: str) -> None:
-    """A jets section as the user wrote it: with weaver_config, none of the keys it decides."""
-    if given.get("weaver_config"):
-        both = [k for k in DERIVED if k in given]
-        if both:
+    """A jets section as the user wrote it: with weaver_config, none of the keys it decides —
+    except a `tree` that names the config's own `treename` (or that a config without one
+    leaves to the section)."""
+    if not given.get("weaver_config"):
+        return
+    both = [k for k in DERIVED if k in given]
+    if "tree" in both:
+        treename = (read(given["weaver_config"]) or {}).get("treename")
+        if treename in (None, given["tree"]):
+            both.remove("tree")
+        else:
             raise VoxjetError(
-                f"{where}: {both} are set by weaver_config {given['weaver_config']}; remove "
-                "them from the section"
+                f"{where}.tree is {given['tree']!r}, but weaver_config "
+                f"{given['weaver_config']} reads the tree {treename!r} (its treename); remove "
+                "jets.tree or make the two agree"
             )
+    if both:
+        raise VoxjetError(
+            f"{where}: {both} are set by weaver_config {given['weaver_config']}; remove "
+            "them from the section"
+        )
 
 
 def resolve(jets: dict[str, Any], where: str) -> dict[str, Any]:

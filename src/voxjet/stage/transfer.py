@@ -167,6 +167,8 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
         return None
     import uproot
 
+    from voxjet.jets.trees import tree_names
+
     try:
         with uproot.open(path) as f:
             # ROOT writes the directory near the end: a file cut short by a few baskets still
@@ -179,7 +181,7 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
                 )
             if tree not in f:
                 raise VoxjetError(
-                    f"{path}: no tree named {tree!r} (it has {sorted(f.keys())}); "
+                    f"{path}: no tree named {tree!r} (it has {tree_names(f)}); "
                     "set the dataset's jets.tree in the config"
                 )
             return int(f[tree].num_entries)

@@ -383,3 +383,19 @@ def test_a_weaver_configs_treename_is_the_tree_staging_checks(demo_config, workf
     r = run_snakemake(workflow_dir, "-n", "--configfile", str(config), "--replace-workflow-config")
     assert r.returncode != 0
     assert "toy_jets.jets'.tree is 'events', but weaver_config" in r.stdout + r.stderr
+
+
+def test_groups_of_another_collection_are_refused_at_the_config_check(demo_config, tmp_path):
+    # CMS's ParticleNet-AK8 config feeds pf_* groups of 100 particles and sv_* groups of 10
+    # secondary vertices: the check says so before anything is staged
+    from voxjet.config import check_config
+
+    doc = data_config("kin")
+    doc["inputs"]["sv_points"] = {"length": 10, "vars": [["sv_etarel", None], ["sv_phirel", None]]}
+    path = tmp_path / "pf_sv.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cfg = copy.deepcopy(demo_config)
+    cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(path)}
+    with pytest.raises(VoxjetError, match=r"inputs\.sv_points has length 10, but inputs\.pf_points"
+                       r" 128: its groups read several constituent collections"):  # fmt: skip
+        check_config(cfg, "config/schema.yaml")

@@ -83,6 +83,17 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
         features += [p["name"] for p in params if p["name"] not in features]
     if not groups:
         raise VoxjetError(f"{where}: no inputs")
+    lengths = {g: spec["length"] for g, spec in groups.items()}
+    if len(set(lengths.values())) > 1:
+        # groups of several lengths read several collections (CMS's pf_* and sv_*): known
+        # here, before any file is staged, rather than when the shard job meets the counts
+        first = next(iter(lengths))
+        other = next(g for g, n in lengths.items() if n != lengths[first])
+        raise VoxjetError(
+            f"{where}: inputs.{other} has length {lengths[other]}, but inputs.{first} "
+            f"{lengths[first]}: its groups read several constituent collections, and voxjet "
+            "reads one a jet; keep the groups of one collection (e.g. the pf_* ones)"
+        )
     new = {k: str(v) for k, v in (doc.get("new_variables") or {}).items() if k != v}
     observers = list(doc.get("observers") or []) + list(doc.get("monitor_variables") or [])
     out: dict[str, Any] = {

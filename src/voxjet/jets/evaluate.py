@@ -14,6 +14,7 @@ import torch.distributed as dist
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.integrity import checked_lz4
+from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
 from voxjet.jets.dataset import load_columns, load_index, share
@@ -165,27 +166,29 @@ def evaluate(
 
     rt = init_runtime()
     try:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        opts = ReadOptions.from_config(read)
-        index = load_index(shard_dir, opts)
-        if not index["splits"]["test"]["shards"]:
-            raise VoxjetError(
-                f"{shard_dir}/index.json: the test split is empty; raise the dataset's "
-                "jets.test_fraction"
-            )
-        model, saved = load_trained(model_path)
-        _check_compatible(saved, index, model_path, shard_dir)
-        model.to(rt.device).eval()
-        chunk = chunk or rows_per_read(index, inference_batch(saved))
-        mass = _mass_table(shard_dir, index, opts, rt, chunk)
-        score_share(shard_dir, model, saved, index, opts, rt, out / PARTS.format(rank=rt.rank),
-                    mass, chunk)  # fmt: skip
-        if rt.distributed:
-            dist.barrier()
-        if not rt.is_main:
-            return {}
-        return _metrics_from_predictions(_gather(out, rt.world_size, index), out, index, saved)
+        # read.node_local: the node's processes read one copy in node-local storage
+        with localised(shard_dir, read) as shard_dir:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            opts = ReadOptions.from_config(read)
+            index = load_index(shard_dir, opts)
+            if not index["splits"]["test"]["shards"]:
+                raise VoxjetError(
+                    f"{shard_dir}/index.json: the test split is empty; raise the dataset's "
+                    "jets.test_fraction"
+                )
+            model, saved = load_trained(model_path)
+            _check_compatible(saved, index, model_path, shard_dir)
+            model.to(rt.device).eval()
+            chunk = chunk or rows_per_read(index, inference_batch(saved))
+            mass = _mass_table(shard_dir, index, opts, rt, chunk)
+            score_share(shard_dir, model, saved, index, opts, rt, out / PARTS.format(rank=rt.rank),
+                        mass, chunk)  # fmt: skip
+            if rt.distributed:
+                dist.barrier()
+            if not rt.is_main:
+                return {}
+            return _metrics_from_predictions(_gather(out, rt.world_size, index), out, index, saved)
     finally:
         shutdown(rt)
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.io.handover import ReturningLoader
+from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.dataset import load_index, load_split
 from voxjet.jets.jagged import pad_particles
@@ -174,8 +175,10 @@ def run(
     with the dataset's `read:` settings)."""
     rt = init_runtime()
     try:
-        task, s = make_task(shard_dir, run_config, read)
-        return train(task, s, out_dir, rt, rate_key="jets_per_s")
+        # read.node_local: the node's processes read one copy in node-local storage
+        with localised(shard_dir, read) as where:
+            task, s = make_task(where, run_config, read)
+            return train(task, s, out_dir, rt, rate_key="jets_per_s")
     finally:
         shutdown(rt)
 

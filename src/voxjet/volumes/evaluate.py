@@ -15,6 +15,7 @@ import torch
 from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
 from voxjet.volumes.geometry import labels_to_original
@@ -91,7 +92,8 @@ def evaluate(
 
     rt = init_runtime()
     try:
-        return _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read)
+        with localised(cases_dir, read) as where:  # read.node_local: a copy on this node
+            return _evaluate(rt, where, model_path, out_dir, overlap, mirror, read)
     finally:
         shutdown(rt)
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.errors import VoxjetError
+from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
@@ -234,8 +235,10 @@ def run(
     a URL, read with the dataset's `read:` settings)."""
     rt = init_runtime()
     try:
-        task, s = make_task(cases_dir, run_config, read)
-        return train(task, s, out_dir, rt, rate_key="patches_per_s")
+        # read.node_local: the node's processes read one copy in node-local storage
+        with localised(cases_dir, read) as where:
+            task, s = make_task(where, run_config, read)
+            return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)
 

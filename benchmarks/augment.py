@@ -17,7 +17,6 @@ Without nnU-Net installed its row says so and is left out.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -114,17 +113,11 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     import nnunet_peer
     import torch
-    from volumes_io import bench_preprocess
+    from volumes_io import bench_preprocess, case_arguments
 
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--cases", type=int, default=6)
-    ap.add_argument("--shape", type=int, nargs=3, default=[192, 192, 96])
-    ap.add_argument("--patch", type=int, nargs=3, default=[128, 128, 64])
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--batches", type=int, default=30)
-    a = ap.parse_args()
+    a = case_arguments(__doc__)
     torch.set_num_threads(1)  # per core: nnU-Net's loaders run under threadpool_limits(1)
     peer = nnunet_peer.available()
     with tempfile.TemporaryDirectory() as d:

@@ -199,18 +199,24 @@ def _row(name: str, ratio: float, target: float, detail: str) -> None:
     print(f"{name:<78} {ratio:7.2f} (target >= {target}) {verdict}  [{detail}]")
 
 
-def main() -> None:
-    import nnunet_peer
-
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
-
-    ap = argparse.ArgumentParser(description=__doc__)
+def case_arguments(description: str) -> argparse.Namespace:
+    """The synthetic CT set and loader settings the volume benchmarks share (their defaults:
+    6 cases of 192×192×96, patch 128×128×64, batch 2, 30 batches)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--cases", type=int, default=6)
     ap.add_argument("--shape", type=int, nargs=3, default=[192, 192, 96])
     ap.add_argument("--patch", type=int, nargs=3, default=[128, 128, 64])
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--batches", type=int, default=30)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    import nnunet_peer
+
+    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+
+    a = case_arguments(__doc__)
     # one thread on both sides: nnU-Net's loader runs under threadpool_limits(1) (and its
     # training runs loaders in worker processes, as voxjet's loader_workers)
     import torch

@@ -99,6 +99,15 @@ def load(path: str | os.PathLike) -> dict[str, Any] | None:
     return load_file(path)
 
 
+def load_model_file(path: str | os.PathLike, domain: str, task: str, trainer: str) -> dict:
+    """A model.pt of `domain` (a model of another domain refused, naming what trains one)."""
+    saved = load_file(path)
+    found = saved.get("model_config", {}).get("domain", domain)
+    if found != domain:
+        raise VoxjetError(f"{path}: a {found} model; {task} needs a model trained by {trainer}")
+    return saved
+
+
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
     """torch.load with weights_only=True (no arbitrary code from a file), clear errors."""
     try:

@@ -19,12 +19,7 @@ from voxjet.jets.models import build_model
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained jet model from model.pt."""
-    saved = checkpoint.load_file(model_path)
-    domain = saved.get("model_config", {}).get("domain", "jets")
-    if domain != "jets":
-        raise VoxjetError(
-            f"{model_path}: a {domain} model; jet tagging needs a model trained by train-jets"
-        )
+    saved = checkpoint.load_model_file(model_path, "jets", "jet tagging", "train-jets")
     cfg = {k: v for k, v in saved["model_config"].items() if k not in ("classes", "data", "domain")}
     model = build_model(**cfg)
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")

@@ -26,12 +26,7 @@ from voxjet.volumes.patches import CaseStore, case_sizes
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained segmentation model from model.pt."""
-    saved = checkpoint.load_file(model_path)
-    domain = saved.get("model_config", {}).get("domain", "volumes")
-    if domain != "volumes":
-        raise VoxjetError(
-            f"{model_path}: a {domain} model; segmentation needs a model trained by train-seg"
-        )
+    saved = checkpoint.load_model_file(model_path, "volumes", "segmentation", "train-seg")
     model = build_seg_model(saved["model_config"])
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved

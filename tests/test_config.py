@@ -37,7 +37,7 @@ def test_unknown_key_is_named_with_its_path(demo_config):
         (
             "augment_on",
             "gpu",
-            r"unet\.train\.augment_on': 'gpu' is not one of \['device', 'loader'\]",
+            r"unet\.train\.augment_on': 'gpu' is not one of \['device', 'loader', None\]",
         ),
         ("compile", "yes", r"unet\.train\.compile': expected true or false or null, got 'yes'"),
     ],

@@ -217,8 +217,7 @@ def _nan(src):
         (_other_tree, r"Wqq_000\.root: no tree 'tree' \(found \['other'\]\)"),
         (
             _other_type,
-            r"Wqq_000\.root: branch 'jet_pt' of tree 'tree' is AsDtype\('>f8'\), "
-            r"but AsDtype\('>f4'\)",
+            r"Wqq_000\.root: branch 'jet_pt' of tree 'tree' is float64, but float32",
         ),
         (
             _nan,

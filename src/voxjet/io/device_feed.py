@@ -100,9 +100,14 @@ class DeviceFeed:
 
     def __call__(self, batches: Iterable[dict | None]) -> Iterator[dict | None]:
         pending: deque = deque()
-        for batch in batches:
-            pending.append(self.send(batch))
-            if len(pending) > self.ahead:
+        try:
+            for batch in batches:
+                pending.append(self.send(batch))
+                if len(pending) > self.ahead:
+                    yield self.receive(pending.popleft())
+            while pending:
                 yield self.receive(pending.popleft())
-        while pending:
-            yield self.receive(pending.popleft())
+        finally:  # closing the feed closes its source (a prefetch thread stops)
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()

@@ -69,7 +69,7 @@ class TrainSettings:
     microbatches: int = 4
     pipeline_schedule: str = "1f1b"
     compile: bool | None = None  # None: on CUDA only
-    augment_on: str = "device"  # volumes: "device" (whole batches in the step) or "loader"
+    augment_on: str | None = None  # volumes: "device" or "loader"; None: device on CUDA
 
 
 class Task(Protocol):

@@ -249,6 +249,10 @@ def make_task(cases_dir: str, run_config: dict[str, Any],
     profile of one step)."""
     opts = ReadOptions.from_config(read)
     s = TrainSettings(**run_config.get("train", {}))
+    if s.augment_on is None:  # a GPU augments its batches; a CPU's loader does
+        from voxjet.distributed.gpus import job_device
+
+        s.augment_on = "device" if job_device() == "cuda" else "loader"
     if s.batch_size is None:  # the plan's, from the GPU memory budget
         s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
     task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)

@@ -288,8 +288,8 @@ class PatchSampler:
         self.on_device = augment and augment_on == "device"
         self.spacing = spacing
         self.big = np.ceil(self.patch * MARGIN).astype(int)
-        sp = np.asarray(spacing or [1.0, 1.0, 1.0], float)
-        self.anisotropic = bool(sp.max() > 3 * sp.min())
+        # thick-slice data as the device path decides it (one threshold for both paths)
+        self.anisotropic = AugmentGeometry.from_spacing(1, spacing).coarse_axis is not None
         self._spatial: dict = {}
         self._intensity = make_intensity() if augment and not self.on_device else None
 

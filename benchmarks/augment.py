@@ -143,7 +143,7 @@ def main() -> None:
             cut.append(share)
         theirs = None
         if peer:
-            theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, True, d / "nnunet")
+            theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, True, d / "nnunet")[0]
     ours, base = float(np.median(device)), float(np.median(loader))
     _row(
         "augmentation on the device (run on the CPU) ÷ in the loader (MONAI), patches/s a core",

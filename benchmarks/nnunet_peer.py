@@ -113,28 +113,33 @@ def evict():
             fd = os.open(p, os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
-spent = 0.0
+def disk_read():
+    return int(open("/proc/self/io").read().split("read_bytes: ")[1].split()[0])
+spent, read = 0.0, 0
 for _ in range(n):
     if cold:
         evict()
-    t = time.perf_counter()
+    t, r = time.perf_counter(), disk_read()
     loader.generate_train_batch()
     spent += time.perf_counter() - t
-print(n * batch / spent)
+    read += disk_read() - r
+print(n * batch / spent, read / (n * batch))
 """
 
 
 def loader_rate(prep: dict, patch_xyz: list[int], batch: int, n: int, augment: bool,
-                root: Path, cold: bool = False) -> float:  # fmt: skip
-    """nnU-Net's training loader, patches/s, one process (as the issue measured it); `cold`:
-    its files dropped from the page cache before each batch."""
+                root: Path, cold: bool = False) -> tuple[float, float]:  # fmt: skip
+    """nnU-Net's training loader: (patches/s, bytes read from the disk a patch), one process
+    (as the issue measured it); `cold`: its files dropped from the page cache before each
+    batch."""
     name = prep["plans"]["dataset_name"]
     pre = root / "nnUNet_preprocessed" / name
     args = [str(prep["folder"]), str(pre / "nnUNetPlans.json"), str(pre / "dataset.json"),
             list(reversed(patch_xyz)), batch, n, augment, cold]  # fmt: skip
     out = subprocess.run([sys.executable, "-c", LOADER, json.dumps(args)], env=env(root),
                          check=True, capture_output=True, text=True)  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
+    rate, read = out.stdout.strip().splitlines()[-1].split()
+    return float(rate), float(read)
 
 
 def case_shapes(prep: dict) -> list[tuple[int, ...]]:

@@ -6,7 +6,10 @@
    mapped), and LZ4-compressed ones (`storage: compressed`) with the decoded-chunk cache
    holding the whole dataset and holding 10% of it; and with each side's training
    augmentation on (nnU-Net's whole training pipeline; voxjet's spatial and intensity
-   transforms). Target >= 2.
+   transforms). Target >= 2. And the blosc2 case files (`storage: blosc2`: 16-bit fixed
+   point in blocks sized to the patch): with the page cache holding them (target >= 3) and,
+   as every store, read from disk with the page cache dropped before each batch (target >= 2),
+   with the bytes each side had read from the disk a patch and the disk each uses a case.
 2. preprocessing, as each runs it, ÷ nnU-Net's: `voxjet preprocess-case` one process a case
    (what a workflow job runs, imports included) against `nnUNetv2_preprocess -np 1` over all
    cases, per case. Target >= 1.
@@ -45,9 +48,11 @@ def bench_loader(
     cache_bytes: int = 512 << 20,
     augment: bool = False,
     cold: bool = False,
-) -> tuple[float, float]:
-    """(voxjet patches/s, MONAI patches/s or nan); `cache_bytes` 0 decodes on every read;
-    `cold`: every batch starts with none of the case files in the page cache."""
+) -> tuple[float, float, float]:
+    """(voxjet patches/s, MONAI patches/s or nan, bytes read from the disk a patch);
+    `cache_bytes` 0 decodes on every read; `cold`: every batch starts with none of the case
+    files in the page cache. The stores' checksums are verified first, untimed: a process
+    verifies each slab or chunk once, so a long training reads as the timed loop does."""
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
 
@@ -58,17 +63,22 @@ def bench_loader(
     spacing = json.loads(plan.read_text()).get("target_spacing") if plan.is_file() else None
     sampler = PatchSampler(store, patch, batch, 1 / 3, seed=0, augment=augment, spacing=spacing)
     sampler.batch(0, 0, 0)
-    spent = 0.0
+    for c in case_ids:
+        for a in store.volumes(c):
+            if hasattr(a, "whole"):
+                a.whole()
+    spent, read = 0.0, 0
     for i in range(n):
         if cold:
             evict_pages(cases_dir, store)
-        t = time.perf_counter()
+        t, r = time.perf_counter(), disk_read()
         sampler.batch(0, 0, i + 1)
         spent += time.perf_counter() - t
+        read += disk_read() - r
     ours = n * batch / spent
     store.close()
     if not monai:
-        return ours, float("nan")
+        return ours, float("nan"), read / (n * batch)
 
     files = [
         {
@@ -100,7 +110,13 @@ def bench_loader(
     for _ in range(n):
         next(it)
     monai = n * batch / (time.perf_counter() - t)
-    return ours, monai
+    return ours, monai, read / (n * batch)
+
+
+def disk_read() -> int:
+    """Bytes this process has had read from the disk (not from the page cache)."""
+    with open("/proc/self/io") as f:
+        return int(f.read().split("read_bytes: ")[1].split()[0])
 
 
 def evict_pages(folder: Path, store=None) -> None:
@@ -238,6 +254,9 @@ def main() -> None:
         # the same cases LZ4-compressed in half-patch chunks (`volumes.storage: compressed`)
         bench_preprocess(msd, d / "lz4" / "cases", a.patch, spacing, "compressed")
         lz4 = d / "lz4" / "cases"
+        # and as blosc2 frames of 16-bit fixed point (`volumes.storage: blosc2`)
+        bench_preprocess(msd, d / "b2" / "cases", a.patch, spacing, "blosc2")
+        b2 = d / "b2" / "cases"
         ids = sorted(p.stem for p in (d / "cases").glob("*.h5"))
         total = _decoded_bytes(d / "cases", ids)
         print(f"cases {a.cases} of {a.shape}, patch {a.patch}, batch {a.batch}; decoded dataset "
@@ -250,16 +269,20 @@ def main() -> None:
             ("aug", d / "cases", 0, True),
             ("cold", d / "cases", 0, False),
             ("cold-lz4", lz4, 0, False),
+            ("blosc2", b2, 0, False),
+            ("cold-b2", b2, 0, False),
         ):
             rates[name] = bench_loader(folder, msd, ids, a.patch, a.batch, a.batches,
                                        monai=(name == "mapped"), cache_bytes=cache,
                                        augment=augment, cold=name.startswith("cold"))  # fmt: skip
         if peer:
-            theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet")
+            theirs = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False,
+                                             d / "nnunet")[0]  # fmt: skip
             aug = nnunet_peer.loader_rate(nn, a.patch, a.batch, max(10, a.batches // 2), True,
-                                          d / "nnunet")  # fmt: skip
-            cold = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False, d / "nnunet",
-                                           cold=True)  # fmt: skip
+                                          d / "nnunet")[0]  # fmt: skip
+            cold, cold_read = nnunet_peer.loader_rate(nn, a.patch, a.batch, a.batches, False,
+                                                      d / "nnunet", cold=True)  # fmt: skip
+            theirs_disk = sum(p.stat().st_size for p in nn["folder"].iterdir() if p.is_file())
             print(f"preprocessed shapes (x, y, z): voxjet {_shapes(d / 'cases', ids)}, nnU-Net "
                   f"{[tuple(reversed(s)) for s in nnunet_peer.case_shapes(nn)]}")  # fmt: skip
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -273,9 +296,9 @@ def main() -> None:
         h5, npy = bench_patch_read(d / "cases", ids[0], d, a.patch, 50)
         disk = sum(p.stat().st_size for p in (d / "cases").glob("*.h5"))
         disk_lz4 = sum(p.stat().st_size for p in lz4.glob("*.h5"))
-    print(
-        f"case files on disk: mapped {disk / 2**20:.0f} MiB, compressed {disk_lz4 / 2**20:.0f} MiB"
-    )
+        disk_b2 = sum(p.stat().st_size for p in b2.glob("*.h5"))
+    print(f"case files on disk: mapped {disk / 2**20:.0f} MiB, compressed {disk_lz4 / 2**20:.0f} "
+          f"MiB, blosc2 {disk_b2 / 2**20:.1f} MiB")  # fmt: skip
     if peer:
         for name, label in (
             ("mapped", "storage mapped (the page cache holds the files)"),
@@ -284,10 +307,18 @@ def main() -> None:
         ):
             _row(f"loader patches/s ÷ nnU-Net's nnUNetDataLoader, {label}", rates[name][0] / theirs,
                  2, f"{rates[name][0]:.1f} vs {theirs:.1f} patches/s")  # fmt: skip
-        for name, label in (("cold", "mapped"), ("cold-lz4", "compressed, no cache")):
+        _row("loader patches/s ÷ nnU-Net's, storage blosc2 (the page cache holds the files)",
+             rates["blosc2"][0] / theirs, 3,
+             f"{rates['blosc2'][0]:.1f} vs {theirs:.1f} patches/s")  # fmt: skip
+        for name, label in (("cold", "mapped"), ("cold-lz4", "compressed, no cache"),
+                            ("cold-b2", "blosc2")):  # fmt: skip
             _row(f"loader patches/s ÷ nnU-Net's, both reading from disk (page cache dropped "
                  f"before each batch): {label}", rates[name][0] / cold, 2,
-                 f"{rates[name][0]:.1f} vs {cold:.1f} patches/s")  # fmt: skip
+                 f"{rates[name][0]:.1f} vs {cold:.1f} patches/s; disk read a patch "
+                 f"{rates[name][2] / 2**20:.2f} vs {cold_read / 2**20:.2f} MiB")  # fmt: skip
+        _row("disk use: nnU-Net's preprocessed files ÷ voxjet's blosc2 case files", theirs_disk
+             / disk_b2, 1, f"{disk_b2 / 2**20 / n_cases:.2f} vs {theirs_disk / 2**20 / n_cases:.2f}"
+             " MiB a case")  # fmt: skip
         _row("loader patches/s ÷ nnU-Net's, both with training augmentation (mapped)",
              rates["aug"][0] / aug, 2, f"{rates['aug'][0]:.1f} vs {aug:.1f} patches/s")  # fmt: skip
         mine, theirs_case = prep / n_cases, nn["seconds"] / nn["cases"]
@@ -295,7 +326,7 @@ def main() -> None:
              theirs_case / mine, 1.0, f"{mine:.2f} s vs {theirs_case:.2f} s a case")  # fmt: skip
     else:
         print("nnU-Net rows left out: nnunetv2 is not installed (pip install -e '.[bench]')")
-    ours, monai = rates["mapped"]
+    ours, monai = rates["mapped"][:2]
     _row("loader patches/s: voxjet ÷ MONAI (LoadImaged + RandCropByPosNegLabeld)", ours / monai,
          10, f"{ours:.1f} vs {monai:.1f} patches/s")  # fmt: skip
     _row("random patch read: mapped case file ÷ memory-mapped .npy (speed)", npy / h5, 0.5,

@@ -166,6 +166,13 @@ def sbatch(argv: list[str]) -> int:
     return 0
 
 
+def _node_tmp(job_id: str, node: str) -> Path:
+    """The job's scratch folder on a node (created)."""
+    path = _state() / "scratch" / node / job_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _run(job_id: str) -> int:
     job = _job(job_id)
     env = dict(os.environ)
@@ -177,6 +184,8 @@ def _run(job_id: str) -> int:
             "SLURM_NNODES": str(len(job["nodes"])),
             "SLURM_JOB_NODELIST": ",".join(job["nodes"]),
             "SLURMD_NODENAME": job["nodes"][0],
+            # as sites that give each job a node-local scratch folder
+            "SLURM_TMPDIR": str(_node_tmp(job_id, job["nodes"][0])),
         }
     )
     if job["gpus"]:
@@ -348,6 +357,7 @@ def srun(argv: list[str]) -> int:
             SLURM_LOCALID=str(rank % per_node),
             SLURM_NTASKS=str(ntasks),
             SLURMD_NODENAME=hosts[node],
+            SLURM_TMPDIR=str(_node_tmp(job, hosts[node])),
         )
         procs.append(subprocess.Popen(command, env=env))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +56,7 @@ def test_flipped_bytes_in_a_shard_fail_naming_file_and_jets(shards, tmp_path):
         load_split(copy, "test")
 
 
-@pytest.mark.parametrize("storage", ["mapped", "compressed"])
+@pytest.mark.parametrize("storage", ["mapped", "compressed", "blosc2"])
 def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
     from voxjet.volumes.patches import CaseStore, PatchSampler
     from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
@@ -79,6 +80,9 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
                 sampler.batch(0, 0, i)
             store.volumes(ids[0])[0].read((0, 0, 0, 0), store.volumes(ids[0])[0].shape)
         assert f"{ids[0]}.h5" in str(e.value) and "rerun preprocess_case" in str(e.value)
+        if storage == "blosc2":  # the region: the array and the voxels of the damaged chunk
+            region = r"(image channel 0|label) voxels \[\d+-\d+, \d+-\d+, \d+-\d+\]"
+            assert re.search(region, str(e.value))
         store.close()
         # evaluation and validation read whole cases: verified as well
         from voxjet.volumes.inference import read_case_arrays

@@ -85,6 +85,7 @@ CONDA_NAMES = {
     "torch": "pytorch",
     "matplotlib": "matplotlib-base",
     "snakemake": "snakemake-minimal",
+    "blosc2": "python-blosc2",
 }
 FAKE_CONDA = """#!/usr/bin/env python3
 import json, sys

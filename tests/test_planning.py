@@ -148,3 +148,15 @@ def test_memory_estimate_bounds_a_measured_peak_on_cpu(cfg, patch, batch):
     measured = measure_peak_bytes(cfg, patch, batch)
     estimated = estimate_bytes(build_seg_model(cfg), 1, patch, batch, gpu=False)
     assert 1.0 <= estimated / measured < 1.8, (estimated, measured)
+
+
+def test_auto_storage_maps_what_the_page_cache_holds_and_packs_the_rest():
+    from voxjet.volumes.planning import GIB, choose_storage
+
+    fits = choose_storage("auto", 10 * GIB, 64 * GIB)
+    assert fits["store"] == "mapped" and "fit in 50%" in fits["reason"]
+    big = choose_storage("auto", 40 * GIB, 64 * GIB)
+    assert big["store"] == "blosc2" and "40.00 GiB" in big["reason"]
+    assert big["decoded_dataset_gb"] == 40 and big["node_memory_gb"] == 64
+    # a store the config names is kept, whatever the sizes
+    assert choose_storage("mapped", 40 * GIB, 1 * GIB)["store"] == "mapped"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -119,6 +120,29 @@ def test_training_checkpoints_and_stops_before_the_time_limit(shards, tmp_path, 
     assert m and 0 < int(m[2]) <= 20 and abs(int(m[2]) - int(m[1]) / 2) <= 1
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=True)["step"] > 0
     assert not (out / "model.pt").exists()
+
+
+def test_a_node_local_training_job_reads_only_its_copy(shards, tmp_path, fake_slurm):
+    env, state = fake_slurm
+    src, hidden, out = tmp_path / "shared" / "shards", tmp_path / "hidden", tmp_path / "run"
+    shutil.copytree(shards, src)
+    cfg = {"model": MODEL, "train": {**TRAIN, "steps": 60, "eval_every": 30}}
+    train = (f"{BIN / 'voxjet'} launch --gpus 0 -- train-jets --shards {src} --run-config "
+             f"'{json.dumps(cfg)}' --read '{json.dumps({'node_local': '$SLURM_TMPDIR'})}' "
+             f"--out {out}")  # fmt: skip
+    # the job's own shell hides the shared copy as soon as the node-local one is complete:
+    # from then on, a read of the shared folder fails the job
+    wrap = (f"{train} & pid=$!; until ls $SLURM_TMPDIR/voxjet/*/.complete.json; do "
+            f"kill -0 $pid || break; sleep 0.05; done; mv {src} {hidden}; wait $pid")  # fmt: skip
+    job = _submit(env, tmp_path, wrap)
+    info = _wait(state, job)
+    log = Path(info["output"]).read_text()
+    assert info["exit_code"] == 0, log[-3000:]
+    assert hidden.is_dir() and (out / "model.pt").is_file()
+    scratch = state / "scratch" / info["nodes"][0] / job
+    assert f"{scratch}/voxjet/" in log  # the job said where it read
+    assert ".complete.json" in log  # and the shared copy was hidden while it trained
+    assert not list(scratch.glob("voxjet/*/.complete.json"))  # and removed its copy at the end
 
 
 TINY = {

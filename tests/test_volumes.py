@@ -15,7 +15,7 @@ from conftest import mni_file
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
 from voxjet.volumes.geometry import plan_shape, zoom_to
-from voxjet.volumes.inference import seg_metrics
+from voxjet.volumes.inference import read_case_arrays, seg_metrics
 from voxjet.volumes.msd import load_dataset
 from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes, read_patch
 from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
@@ -47,6 +47,11 @@ def cases(toy_msd, tmp_path_factory):
 @pytest.fixture(scope="module")
 def compressed_cases(toy_msd, tmp_path_factory):
     return _prepared(toy_msd, tmp_path_factory.mktemp("prep_lz4"), "compressed")
+
+
+@pytest.fixture(scope="module")
+def blosc2_cases(toy_msd, tmp_path_factory):
+    return _prepared(toy_msd, tmp_path_factory.mktemp("prep_b2"), "blosc2")
 
 
 def test_toy_dataset_is_msd_layout_with_varied_geometry(toy_msd):
@@ -160,9 +165,10 @@ def test_patch_sampler_oversamples_foreground_and_is_deterministic(cases):
     store.close()
 
 
-@pytest.mark.parametrize("storage", ["mapped", "compressed"])
+@pytest.mark.parametrize("storage", ["mapped", "compressed", "blosc2"])
 def test_read_patch_pads_outside_the_volume_and_matches_hdf5(storage, request):
-    cases = request.getfixturevalue("cases" if storage == "mapped" else "compressed_cases")
+    fixture = {"mapped": "cases", "compressed": "compressed_cases", "blosc2": "blosc2_cases"}
+    cases = request.getfixturevalue(fixture[storage])
     case = sorted(cases.glob("toy_*.h5"))[0].stem
     if storage == "compressed":  # chunks of half a patch (capped by the volume)
         with h5py.File(cases / f"{case}.h5") as f:
@@ -171,7 +177,16 @@ def test_read_patch_pads_outside_the_volume_and_matches_hdf5(storage, request):
     store = CaseStore(cases, [case], cache_bytes=1 << 20)  # small: evictions happen
     image, label = store.volumes(case)
     with h5py.File(cases / f"{case}.h5") as f:
-        full_img, full_lbl = f["image"][...], f["label"][...]
+        full_img, full_lbl = read_case_arrays(f)
+    if storage == "blosc2":  # the same case as the mapped store holds it, to 2^-11
+        with h5py.File(request.getfixturevalue("cases") / f"{case}.h5") as f:
+            exact = f["image"][...]
+            assert np.array_equal(full_lbl, f["label"][...])
+        assert 0 < np.abs(full_img - exact).max() <= 2.0**-11 * 1.01
+        # chunks a patch, capped by the volume
+        assert image.chunks[1:] == tuple(
+            min(a, b) for a, b in zip(full_lbl.shape, (32, 32, 16), strict=True)
+        )
     img, lbl = read_patch(image, label, np.array([0, 0, 0]), np.array([8, 8, 8]))
     assert img.shape == (1, 8, 8, 8) and (img[:, :4] == 0).all()
     assert np.array_equal(img[0, 4:, 4:, 4:], full_img[0, :4, :4, :4])
@@ -193,6 +208,8 @@ def test_read_patch_pads_outside_the_volume_and_matches_hdf5(storage, request):
     if storage == "compressed":
         assert store.cache.bytes <= 1 << 20 or len(store.cache._items) == 1
         assert store.cache.hits > 0
+    elif storage == "blosc2":  # decoded on every read, each chunk verified once
+        assert store.cache.bytes == 0 and image.verified.any() and label.verified.any()
     else:  # a memory map: nothing decoded, nothing cached, every slab verified once
         assert store.cache.bytes == 0 and image.verified.all() and label.verified.all()
     store.close()
@@ -225,6 +242,18 @@ def test_preprocess_real_mni_template(tmp_path):
     assert plan["normalization"] == ["zscore"] and plan["target_spacing"] == [3.0, 3.0, 3.0]
     with h5py.File(tmp_path / "cases" / "mni_0.h5") as f:
         assert abs(float(f["image"][...].mean())) < 1e-3  # per-case z-score
+        mapped = read_case_arrays(f)
+    # a node too small to hold the decoded cases: `auto` takes the blosc2 store, says why,
+    # and the case reads back as the mapped one within half a fixed-point step
+    assert plan["storage"]["store"] == "mapped"  # this machine holds a 3 mm MNI brain
+    small = VolumePrepConfig(patch_size=[32] * 3, node_memory_gb=1e-3)
+    plan = preprocess_dataset(manifest, tmp_path / "b2", small)
+    assert plan["storage"]["store"] == "blosc2" and "exceed 50%" in plan["storage"]["reason"]
+    with h5py.File(tmp_path / "b2" / "mni_0.h5") as f:
+        packed = read_case_arrays(f)
+        assert 0 < f.attrs["quantisation_error"] <= 2.0**-11 * 1.01
+    assert np.array_equal(packed[1], mapped[1])
+    assert np.abs(packed[0] - mapped[0]).max() <= 2.0**-11 * 1.01
 
 
 def test_segmentation_trains_and_evaluates(cases, tmp_path):

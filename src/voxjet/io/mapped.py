@@ -93,15 +93,3 @@ class MappedArray:
     def whole(self) -> np.ndarray:
         """The whole array, verified."""
         return self.read((0,) * len(self.shape), self.shape)
-
-
-def read_verified(f: h5py.File, name: str, axis: int, where: str) -> np.ndarray:
-    """A whole dataset of a case file: a mapped one verified slab by slab, a chunked one
-    through its fletcher32 filter."""
-    dset = f[name]
-    try:
-        if is_mapped(dset):
-            return MappedArray(dset, axis, where, None).whole()
-        return dset[...]
-    except (OSError, RuntimeError, ValueError) as e:
-        raise corrupt_error(where, name, "preprocess_case", e) from e

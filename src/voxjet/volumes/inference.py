@@ -118,7 +118,7 @@ def seg_metrics(
 
 def read_case_arrays(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
     """The whole preprocessed image and label of an open case file."""
-    from voxjet.io.mapped import read_verified
+    from voxjet.io.case_arrays import read_verified
 
     where = f.filename
     return read_verified(f, "image", 1, where), read_verified(f, "label", 0, where)

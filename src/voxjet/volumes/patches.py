@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.io.chunks import ChunkCache, ChunkedArray
+from voxjet.io.case_arrays import CaseArray, open_array
+from voxjet.io.chunks import ChunkCache
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.integrity import corrupt_error
-from voxjet.io.mapped import MappedArray, is_mapped
 from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
 from voxjet.volumes.augment import (
     MARGIN,
@@ -31,10 +31,12 @@ from voxjet.volumes.augment import (
     draw_batch,
 )
 
+# 5: image and label may be blosc2 frames (storage: blosc2; 4 files stay readable);
 # 4: image and label uncompressed with a CRC32 a slab (storage: mapped) or in half-patch
 # chunks; 3: the original label kept for metrics in the original space; 2: a fletcher32
 # checksum a chunk (1: none); written by voxjet.volumes.preprocess
-CASE_FORMAT = 4
+CASE_FORMAT = 5
+READABLE_CASE_FORMATS = (4, 5)
 
 
 def case_sizes(cases_dir: str | os.PathLike, opts: ReadOptions) -> dict[str, int]:
@@ -114,29 +116,26 @@ class CaseStore:
             except OSError as e:
                 raise corrupt_error(path, "the case file", "preprocess_case", e) from e
             version = f.attrs.get("format_version")
-            if version != CASE_FORMAT:
+            if version not in READABLE_CASE_FORMATS:
                 f.close()
                 raise VoxjetError(
-                    f"{path}: a case file of format {version}, this voxjet reads format "
-                    f"{CASE_FORMAT}; rerun preprocessing (snakemake -R plan_volumes)"
+                    f"{path}: a case file of format {version}, this voxjet reads formats "
+                    f"{READABLE_CASE_FORMATS}; rerun preprocessing (snakemake -R plan_volumes)"
                 )
             self._files[case_id] = f
         return self._files[case_id]
 
     def volumes(self, case_id: str) -> tuple:
-        """Image [C, X, Y, Z] and label [X, Y, Z] of a case: memory-mapped (`storage: mapped`)
-        or read through the decoded-chunk cache (`compressed`); both with .read(lo, hi)."""
+        """Image [C, X, Y, Z] and label [X, Y, Z] of a case as its store reads them
+        (voxjet.io.case_arrays); each with .read(lo, hi)."""
         if case_id not in self._volumes:
             f = self.file(case_id)
             where = f"{self.url}/{case_id}.h5"
             local = None if self.remote else str(self.dir / f"{case_id}.h5")
-
-            def array(name: str, axis: int):
-                if is_mapped(f[name]):  # uncompressed: a memory map, no decoding to cache
-                    return MappedArray(f[name], axis, where, local)
-                return ChunkedArray(f[name], self.cache, (case_id, name), where)
-
-            self._volumes[case_id] = (array("image", 1), array("label", 0))
+            self._volumes[case_id] = tuple(
+                open_array(f, name, axis, where, local, self.cache, (case_id, name))
+                for name, axis in (("image", 1), ("label", 0))
+            )
         return self._volumes[case_id]
 
     def foreground(self, case_id: str) -> list[np.ndarray]:
@@ -165,8 +164,8 @@ class CaseStore:
 
 
 def read_patch(
-    image: ChunkedArray | MappedArray,
-    label: ChunkedArray | MappedArray,
+    image: CaseArray,
+    label: CaseArray,
     centre: np.ndarray,
     patch: np.ndarray,
     out: tuple[np.ndarray, np.ndarray] | None = None,

@@ -27,6 +27,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.io.integrity import checked_lz4
 from voxjet.io.mapped import write_mapped
+from voxjet.io.packed import write_packed
 from voxjet.progress import progress
 from voxjet.stage.transfer import name_sources
 from voxjet.volumes.geometry import (
@@ -57,7 +58,8 @@ class VolumePrepConfig:
     test_fraction: float = 0.2
     foreground_samples: int = 10000
     on_bad_case: str = "fail"
-    storage: str = "mapped"
+    storage: str = "auto"
+    node_memory_gb: float | None = None
     seed: int = 42
 
 
@@ -246,7 +248,14 @@ def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
 def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     """Target spacing, the resampled median case, topology, patch, batch and pipeline stages
     (voxjet.volumes.planning), the label set and each channel's normalisation."""
-    from voxjet.volumes.planning import plan_patch_and_batch, resampled_shapes, target_spacing
+    from voxjet.volumes.planning import (
+        GIB,
+        choose_storage,
+        node_memory_bytes,
+        plan_patch_and_batch,
+        resampled_shapes,
+        target_spacing,
+    )
 
     spacing = cfg.target_spacing or target_spacing(fp["spacings"])
     shapes = resampled_shapes(fp["shapes"], fp["spacings"], spacing)
@@ -266,6 +275,9 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
         filters=filters,
         patch=cfg.patch_size,
     )
+    # float32 a channel and a uint8 label a voxel, as training reads them
+    decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
+    memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()
     return {
         "target_spacing": [float(s) for s in spacing],
         "median_shape_resampled": median.tolist(),
@@ -280,6 +292,7 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
         "channels": ds.channels,
         "modality": ds.modality,
         "normalization": ds.normalizations,
+        "storage": choose_storage(cfg.storage, decoded, memory),
     }
 
 
@@ -341,10 +354,16 @@ def preprocess_case(
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     counts = {}
     orig = lc.original_label
+    # plans from before `auto` have no "storage": theirs is the config's
+    store = plan.get("storage", {}).get("store", cfg.storage)
     with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
-        if cfg.storage == "mapped":  # uncompressed, read through a memory map
+        if store == "mapped":  # uncompressed, read through a memory map
             write_mapped(f, "image", image, axis=1)
             write_mapped(f, "label", label, axis=0)
+        elif store == "blosc2":  # int16 codes in blosc2 blocks sized to the patch
+            patch = tuple(plan["patch_size"])
+            f.attrs["quantisation_error"] = write_packed(f, "image", image, patch)
+            write_packed(f, "label", label, patch)
         else:
             # Half-patch chunks: a random patch decodes 2-3 chunks an axis, about twice its
             # own size; patch-sized chunks decode up to 8 patches' worth (benchmarks/README.md)
@@ -490,6 +509,8 @@ def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig, manifest: dict | None = 
     fp = fingerprint_from({c: stats[c] for c in training}, ds)
     plan = make_plan(fp, ds, cfg)
     plan["config"] = asdict(cfg)
+    print(f"volumes.storage: {plan['storage']['store']} ({plan['storage']['reason']})",
+          file=sys.stderr)  # fmt: skip
     return {"fingerprint": fp, "plan": plan, "splits": split, "skipped": skipped}
 
 

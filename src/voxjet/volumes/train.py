@@ -89,7 +89,7 @@ class SegTask:
         self.s = s
         self.iterations = s.iterations_per_epoch
         self.data = {"plan": self.plan, "train": sorted(train_ids), "val": sorted(val_ids)}
-        channels = self.train_store.file(self.train_store.case_ids[0])["image"].shape[0]
+        channels = self.train_store.volumes(self.train_store.case_ids[0])[0].shape[0]
         self.regions = bool(self.plan.get("regions"))
         self.model_cfg = {
             "name": "unet",

@@ -215,6 +215,25 @@ def test_read_patch_pads_outside_the_volume_and_matches_hdf5(storage, request):
     store.close()
 
 
+def test_case_files_of_the_previous_format_stay_readable(cases, tmp_path):
+    import shutil
+
+    old = tmp_path / "cases"
+    shutil.copytree(cases, old)
+    case = sorted(old.glob("toy_*.h5"))[0]
+    with h5py.File(case, "a") as f:  # what voxjet wrote before the blosc2 store: format 4
+        f.attrs["format_version"] = 4
+        want = f["label"][...]
+    store = CaseStore(old, [case.stem])
+    assert np.array_equal(store.volumes(case.stem)[1].whole(), want)
+    store.close()
+    with h5py.File(case, "a") as f:
+        f.attrs["format_version"] = 3
+    with pytest.raises(VoxjetError, match=r"a case file of format 3, this voxjet reads formats "
+                       r"\(4, 5\); rerun preprocessing"):  # fmt: skip
+        CaseStore(old, [case.stem]).file(case.stem)
+
+
 def test_blosc2_cases_train_and_evaluate_as_the_mapped_ones(blosc2_cases, cases, tmp_path):
     from voxjet.volumes.evaluate import evaluate
     from voxjet.volumes.train import run

@@ -20,6 +20,7 @@ CASES = {
     "jets_io": ["--jets-per-file", "400"],
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
+    "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],
     # four cases: the plan's split needs a validation case besides training ones
     "augment": [
         "--cases",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from voxjet.errors import VoxjetError
-from voxjet.io.packed import FINEST_STEP, PackedArray, pack_layout, quantise, write_packed
+from voxjet.io.packed import STEP_PER_STD, PackedArray, pack_layout, quantise, write_packed
 
 
 def test_layout_blocks_a_quarter_patch_chunks_a_patch():
@@ -17,18 +17,23 @@ def test_layout_blocks_a_quarter_patch_chunks_a_patch():
     assert pack_layout((5, 5, 5), (64, 64, 64)) == ((5, 5, 5), (5, 5, 5))
 
 
-def test_quantise_error_is_half_a_step_and_the_step_grows_only_when_needed():
+def test_quantise_step_follows_each_channels_spread_and_grows_only_for_its_range():
     rng = np.random.default_rng(0)
-    narrow = rng.normal(size=(20, 20, 20)).astype(np.float32)
-    wide = (narrow * 40).astype(np.float32)  # ±160 σ: 2^-10 steps do not span it
+    zscored = rng.normal(size=(20, 20, 20)).astype(np.float32)
+    unit = (zscored * 0.01 + 0.5).astype(np.float32)  # rescale_to_0_1: a small spread
+    spiked = zscored.copy()
+    spiked[0, 0, 0] = 500  # one voxel 500 σ out: 2^-10 σ steps do not span it
     flat = np.full((20, 20, 20), 3.25, np.float32)
-    codes, steps, offsets = quantise(np.stack([narrow, wide, flat]))
-    assert codes.dtype == np.int16 and steps[0] == FINEST_STEP and steps[2] == FINEST_STEP
-    assert steps[1] > FINEST_STEP and np.log2(steps[1]) == int(np.log2(steps[1]))
-    assert (np.ptp(wide) / steps[1]) <= 65534 < np.ptp(wide) / (steps[1] / 2)
-    for c, ch in enumerate((narrow, wide, flat)):
+    codes, steps, offsets = quantise(np.stack([zscored, unit, spiked, flat]))
+    assert codes.dtype == np.int16 and (np.log2(steps) == np.round(np.log2(steps))).all()
+    for c in (0, 1):  # the finest power of two within 2^-10 of the channel's spread
+        std = float(np.std([zscored, unit][c], dtype=np.float64))
+        assert STEP_PER_STD * std / 2 < steps[c] <= STEP_PER_STD * std
+    assert np.ptp(spiked) / steps[2] <= 65534 < np.ptp(spiked) / (steps[2] / 2)
+    for c, ch in enumerate((zscored, unit, spiked, flat)):
         back = codes[c] * np.float32(steps[c]) + np.float32(offsets[c])
-        assert np.abs(back - ch).max() <= steps[c] / 2 * (1 + 1e-3)
+        assert np.abs(back - ch).max() <= steps[c] / 2 * 1.01  # and float32 rounding
+    assert (codes[3] * np.float32(steps[3]) + np.float32(offsets[3]) == flat).all()
 
 
 def _write(path, image, label, patch=(16, 16, 8)) -> float:
@@ -52,7 +57,8 @@ def arrays():
 def test_boxes_read_back_within_the_error_labels_exactly(tmp_path, arrays):
     image, label = arrays
     err = _write(tmp_path / "c.h5", image, label)
-    assert 0 < err <= FINEST_STEP / 2 * 1.01  # half a step, and float32 rounding
+    spread = max(float(np.std(ch, dtype=np.float64)) for ch in image)
+    assert 0 < err <= STEP_PER_STD * spread / 2 * 1.01  # half a step, and float32 rounding
     with h5py.File(tmp_path / "c.h5") as f:
         on_disk = PackedArray(f["image"], "c.h5", str(tmp_path / "c.h5"))
         in_memory = PackedArray(f["image"], "c.h5", None)  # a case file fetched from a URL

@@ -4,8 +4,9 @@
 A random patch out of a memory-mapped float32 array touches every plane it crosses; once a
 dataset outgrows the page cache those reads come from the disk, and nnU-Net's blosc2 files
 read less. This store reads less still (benchmarks/README.md): the normalised image is kept as
-int16 with a step of at most 2^-10 of a standard deviation (a quarter of float16's error at 1σ
-and below it everywhere past 0.5σ; half the bytes of float32 before compression), in LZ4HC
+int16 with a step of at most 2^-10 of the channel's standard deviation in the case, whatever
+its normalisation (below float16's error for every value past half a standard deviation; half
+the bytes of float32 before compression), in LZ4HC
 blocks a quarter of the plan's patch on each axis, so a patch decodes little beyond itself.
 The frame sits in a contiguous uint8 dataset of the case file, so a case stays one file for
 staging, node-local copies and URLs, and blosc2 opens it in place by its offset.
@@ -24,7 +25,7 @@ import numpy as np
 
 from voxjet.io.integrity import corrupt_error
 
-FINEST_STEP = 2.0**-10  # in units of the normalised image (a standard deviation for CT, zscore)
+STEP_PER_STD = 2.0**-10  # the largest step, in standard deviations of the channel
 INT16_LEVELS = 65534  # -32767..32767: the codes a step spans
 
 
@@ -42,13 +43,15 @@ def pack_layout(shape: tuple[int, ...], patch: tuple[int, ...]) -> tuple[tuple[i
 
 def quantise(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An image [C, ...] as int16 codes with each channel's (step, offset): value = code * step
-    + offset, the step a power of two (exact in float32), FINEST_STEP unless the channel's range
-    needs a coarser one; errors at most step / 2."""
+    + offset, the step a power of two (exact in float32) at most STEP_PER_STD of the channel's
+    standard deviation, coarser only when the channel spans more than INT16_LEVELS such steps
+    (beyond ±32 standard deviations); errors at most step / 2."""
     codes = np.empty(image.shape, np.int16)
     steps, offsets = np.empty(len(image), np.float64), np.empty(len(image), np.float64)
     for c, ch in enumerate(image):
         lo, hi = float(ch.min()), float(ch.max())
-        step = FINEST_STEP
+        std = float(ch.std(dtype=np.float64))
+        step = 2.0 ** np.floor(np.log2(STEP_PER_STD * std)) if std > 0 else 1.0
         while (hi - lo) / step > INT16_LEVELS:
             step *= 2
         offset = (lo + hi) / 2

@@ -26,7 +26,7 @@ import numpy as np
 from voxjet.io.integrity import corrupt_error
 
 STEP_PER_STD = 2.0**-10  # the largest step, in standard deviations of the channel
-INT16_LEVELS = 65534  # -32767..32767: the codes a step spans
+LARGEST_CODE = 32767  # codes run -32767..32767
 
 
 def pack_layout(shape: tuple[int, ...], patch: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
@@ -41,23 +41,25 @@ def pack_layout(shape: tuple[int, ...], patch: tuple[int, ...]) -> tuple[tuple[i
     return tuple(chunks), tuple(blocks)
 
 
-def quantise(image: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An image [C, ...] as int16 codes with each channel's (step, offset): value = code * step
-    + offset, the step a power of two (exact in float32) at most STEP_PER_STD of the channel's
-    standard deviation, coarser only when the channel spans more than INT16_LEVELS such steps
-    (beyond ±32 standard deviations); errors at most step / 2."""
+def quantise(image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An image [C, ...] as int16 codes and each channel's step: value = code * step (no
+    offset, so a read converts in one multiplication), the step a power of two (exact in
+    float32) at most STEP_PER_STD of the channel's standard deviation, coarser only for a
+    channel reaching beyond LARGEST_CODE such steps from 0 (past ±32 standard deviations of a
+    z-scored channel); errors at most step / 2."""
     codes = np.empty(image.shape, np.int16)
-    steps, offsets = np.empty(len(image), np.float64), np.empty(len(image), np.float64)
+    steps = np.empty(len(image), np.float64)
     for c, ch in enumerate(image):
-        lo, hi = float(ch.min()), float(ch.max())
+        reach = max(abs(float(ch.min())), abs(float(ch.max())))
         std = float(ch.std(dtype=np.float64))
-        step = 2.0 ** np.floor(np.log2(STEP_PER_STD * std)) if std > 0 else 1.0
-        while (hi - lo) / step > INT16_LEVELS:
-            step *= 2
-        offset = (lo + hi) / 2
-        codes[c] = np.clip(np.rint((ch - offset) / step), -32767, 32767)
-        steps[c], offsets[c] = step, offset
-    return codes, steps, offsets
+        step = 2.0 ** np.floor(np.log2(STEP_PER_STD * std)) if std > 0 else 0.0
+        need = reach / LARGEST_CODE  # the finest step whose codes reach the largest magnitude
+        if step < need:  # (a constant channel too: its one value as closely as codes allow)
+            step = 2.0 ** np.ceil(np.log2(need))
+        step = step or 1.0  # all zeros
+        codes[c] = np.clip(np.rint(ch / step), -LARGEST_CODE, LARGEST_CODE)
+        steps[c] = step
+    return codes, steps
 
 
 def write_packed(f: h5py.File, name: str, data: np.ndarray, patch: tuple[int, ...]) -> float:
@@ -69,12 +71,12 @@ def write_packed(f: h5py.File, name: str, data: np.ndarray, patch: tuple[int, ..
     error = 0.0
     attrs: dict = {"packed_shape": data.shape}
     if data.dtype.kind == "f":
-        codes, steps, offsets = quantise(data)
+        codes, steps = quantise(data)
         chunks, blocks = (1, *chunks), (1, *blocks)
-        attrs.update({"packed_dtype": "float32", "step": steps, "offset": offsets})
+        attrs.update({"packed_dtype": "float32", "step": steps})
         error = max(
-            float(np.abs(q * np.float32(st) + np.float32(off) - ch).max())
-            for q, st, off, ch in zip(codes, steps, offsets, data, strict=True)
+            float(np.abs(q * np.float32(st) - ch).max())
+            for q, st, ch in zip(codes, steps, data, strict=True)
         )
     else:
         codes = np.ascontiguousarray(data, np.uint8)
@@ -109,7 +111,6 @@ class PackedArray:
         self.quantised = self.dtype.kind == "f"
         if self.quantised:
             self.step = dset.attrs["step"].astype(np.float32)
-            self.offset = dset.attrs["offset"].astype(np.float32)
         self.crcs = dset.file[f"{dset.name}_crc32"][...]
         self.verified = np.zeros(len(self.crcs), bool)
         dparams = {"nthreads": 1}  # a loader worker is a process of one thread
@@ -174,9 +175,7 @@ class PackedArray:
             out[...] = codes
             return out
         for c in range(codes.shape[0]):
-            ch = lo[0] + c
-            np.multiply(codes[c], self.step[ch], out=out[c])
-            out[c] += self.offset[ch]
+            np.multiply(codes[c], self.step[lo[0] + c], out=out[c])
         return out
 
     def whole(self) -> np.ndarray:

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 
 from voxjet.errors import VoxjetError
-from voxjet.io.packed import STEP_PER_STD, PackedArray, pack_layout, quantise, write_packed
+from voxjet.io.packed import STEP_PER_STD, PackedArray, block_layout, quantise, write_packed
 
 
 def test_layout_blocks_a_quarter_patch_chunks_a_patch():
-    assert pack_layout((203, 203, 100), (128, 128, 64)) == ((128, 128, 64), (32, 32, 16))
+    assert block_layout((203, 203, 100), (128, 128, 64)) == ((128, 128, 64), (32, 32, 16))
     # short axes and 2-D-like patches: blocks and chunks never beyond the array
-    assert pack_layout((10, 200, 3), (8, 96, 1)) == ((8, 96, 1), (2, 16, 1))
-    assert pack_layout((5, 5, 5), (64, 64, 64)) == ((5, 5, 5), (5, 5, 5))
+    assert block_layout((10, 200, 3), (8, 96, 1)) == ((8, 96, 1), (2, 16, 1))
+    assert block_layout((5, 5, 5), (64, 64, 64)) == ((5, 5, 5), (5, 5, 5))
+    # labels: half-patch blocks
+    assert block_layout((203, 203, 100), (128, 128, 64), 2) == ((128, 128, 64), (64, 64, 32))
 
 
 def test_quantise_step_follows_each_channels_spread_and_grows_only_for_its_range():

@@ -664,6 +664,20 @@ def test_short_run_segments_the_mni_brain(tmp_path):
         assert pred.shape == img.shape and np.allclose(pred.affine, img.affine)
 
 
+def test_blosc2_case_files_from_a_url_give_the_local_batches(blosc2_cases):
+    """A blosc2 case file fetched into memory decodes its frames there, as on disk."""
+    import latency_fs  # noqa: F401  (registers latency://)
+
+    ids = json.loads((blosc2_cases / "splits.json").read_text())["train"]
+    local = PatchSampler(CaseStore(blosc2_cases, ids), [32, 32, 16], 2, 1 / 3, seed=5)
+    store = CaseStore(f"latency://{blosc2_cases}", ids, storage_options={"delay_s": 0.0})
+    remote = PatchSampler(store, [32, 32, 16], 2, 1 / 3, seed=5)
+    for i in range(3):
+        a, b = local.batch(0, 0, i), remote.batch(0, 0, i)
+        assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
+    store.close()
+
+
 def test_patches_from_case_files_behind_a_slow_url_equal_the_local_ones(cases):
     """Case files behind 10 ms a request (latency://): fetched in concurrent ranges, the
     sampler draws exactly the local batches; a file that keeps failing names URL and bytes."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import re
-import statistics
 import subprocess
 
 import pytest
@@ -90,14 +89,19 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     # the planner profiled the runs before training; the summary sets its predictions beside
     # what the runs measured (pfn's scaling study included)
     assert "## The planner against the runs" in summary and "| pfn_scale-2 | 2 |" in summary
-    # predicted as the runs train (their threads, validations, checkpoints, the loop): near
-    # what they measure even beside the other jobs and tests on these cores, for most runs (the
-    # median: a 40-step scaling run on 2 CPU processes is still far off, benchmarks/README.md);
-    # every run was 64-90% off before (here the tiny runs share the cores with another test)
+    # each row is the plan's own-size prediction beside the run's measured rate, the error their
+    # ratio; how near they come is a timing (it moves with whatever else shares the cores) and is
+    # measured by benchmarks/planner.py and the demo's row in benchmarks/README.md, not here
     table = summary[summary.index("## The planner against the runs") :]
-    errors = [abs(int(e)) for e in re.findall(r"\| ([+-]\d+)% \|", table)]
-    assert len(errors) == 8, table[:3000]
-    assert statistics.median(errors) <= 60, table[:3000]
+    rate = r"([\d.e+]+) \w+/s"
+    rows = re.findall(rf"\| (\S+) \| (\d+) \| {rate} \| {rate} \| ([+-]\d+)% \|", table)
+    assert len(rows) == 8, table[:3000]
+    plans = json.loads((workflow_dir / "results" / "plan" / "runs.json").read_text())
+    own = {p["run"]: next(r for r in p["predictions"] if r.get("own")) for p in plans["runs"]}
+    for run, procs, pred, meas, err in rows:
+        assert int(procs) == own[run]["processes_total"], (run, table[:3000])
+        assert float(pred) == pytest.approx(own[run]["items_per_s"], rel=1e-3), run
+        assert int(err) == pytest.approx(100 * (float(pred) / float(meas) - 1), abs=1), run
     assert (workflow_dir / "results" / "plan" / "runs.md").is_file()
     manifest = json.loads((workflow_dir / "resources" / "toy_jets" / "manifest.json").read_text())
     assert {f["entries"] for f in manifest["files"]} == {400}

@@ -24,19 +24,23 @@ TORCH_INDEX ?= $(shell \
 venv: $(VENV)/.installed
 dev-venv: $(VENV)/.installed-dev
 
+# The torch installed is pinned for every later install (a constraints file): a dependency that
+# pins torch itself (torchvision, through the resenc extra's timm) must take the one installed,
+# not pull PyPI's CUDA build over it.
 $(VENV)/.torch:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
+	echo "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" > $(VENV)/constraints.txt
 	touch $@
 
 # a user's install: voxjet and the demo's event generator (where a wheel exists), no test tools
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install -e ".[pythia]"
+	$(BIN)/pip install -c $(VENV)/constraints.txt -e ".[pythia]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -c $(VENV)/constraints.txt -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
 # The benchmarks' peers (nnU-Net v2) in a venv of their own, the same torch pinned (their

@@ -75,14 +75,16 @@ FROM_PLAN = {("dynunet", "filters")}
 
 def test_model_defaults_are_the_constructors():
     from voxjet.jets.models import MODELS
-    from voxjet.volumes.models import build_dynunet, build_unet
+    from voxjet.volumes.models import build_dynunet, build_resenc, build_unet
 
     def as_config(v):  # tuples in signatures, lists in YAML
         return [as_config(x) for x in v] if isinstance(v, tuple | list) else v
 
     for branch in node(SCHEMA, "$defs/model")["allOf"]:
         name = branch["if"]["properties"]["name"]["const"]
-        ctor = {**MODELS, "unet": build_unet, "dynunet": build_dynunet}[name]
+        ctor = {**MODELS, "unet": build_unet, "dynunet": build_dynunet, "resenc": build_resenc}[
+            name
+        ]
         params = inspect.signature(ctor).parameters
         props = branch["then"]["properties"]
         for key, prop in props.items():

@@ -134,6 +134,20 @@ def test_a_unet_deeper_than_the_plan_is_refused_naming_the_fix():
             [64, 64, 24],
             2,
         ),
+        (
+            {
+                "name": "resenc",
+                "network": {
+                    "kernels": [[3, 3, 1], [3, 3, 3], [3, 3, 3]],
+                    "strides": [[1, 1, 1], [2, 2, 1], [2, 2, 2]],
+                    "filters": [16, 32, 64],
+                    "blocks_per_stage": [1, 3, 4],
+                    "decoder_convs": [1, 1],
+                },
+            },
+            [64, 64, 24],
+            2,
+        ),
     ],  # fmt: skip
 )
 def test_memory_estimate_bounds_a_measured_peak_on_cpu(cfg, patch, batch):

@@ -106,6 +106,8 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                 reweight_labels(jets["labels"]),
                 f"config key '{where}.weights'",
             )
+    for name, ds in config.get("datasets", {}).items():
+        _check_preset_memory(name, ds.get("volumes") or {})
     for name, exp in config.get("experiments", {}).items():
         if exp["dataset"] not in config.get("datasets", {}):
             raise VoxjetError(
@@ -115,6 +117,22 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
         _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]])
         _check_scaling(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
+
+
+def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
+    """A ResEnc preset's memory target must fit at least the smallest patch it can plan."""
+    preset, gb = volumes.get("plan", "voxjet"), volumes.get("gpu_memory_gb")
+    if preset == "voxjet" or gb is None:
+        return
+    from voxjet.volumes.resenc import smallest_gpu_memory_gb
+
+    floor = smallest_gpu_memory_gb(preset)
+    if gb < floor:
+        raise VoxjetError(
+            f"config key 'datasets.{name}.volumes.gpu_memory_gb': {gb:g} GB fits no patch with "
+            f"plan {preset} (its smallest network, an 8×8×8 patch, needs {floor:.2g} GB by the "
+            "preset's reference); raise it, or null for the preset's own target"
+        )
 
 
 def on_gpus(launch: Mapping[str, Any]) -> bool:
@@ -158,7 +176,7 @@ def _check_scaling(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -
 
 
 JET_MODELS = ("pfn", "particlenet", "part", "weaver_part", "weaver_pnet")
-SEG_MODELS = ("unet", "dynunet")
+SEG_MODELS = ("unet", "dynunet", "resenc")
 
 
 def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any]) -> None:
@@ -180,7 +198,15 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
         )
     if exp.get("folds") and domain != "volumes":
         raise VoxjetError(f"{where}.folds': cross-validation folds are for volumes datasets")
-    if model == "unet":
+    if model == "resenc":
+        import importlib.util
+
+        if importlib.util.find_spec("dynamic_network_architectures") is None:
+            raise VoxjetError(
+                f"{where}.model.name': resenc is built by MIC-DKFZ's dynamic-network-"
+                "architectures, which is not installed; pip install 'voxjet[resenc]'"
+            )
+    if model == "unet" and ds.get("volumes", {}).get("plan", "voxjet") == "voxjet":
         depth = ds.get("volumes", {}).get("network_depth", 3)
         levels = len(exp["model"]["channels"]) - 1
         if levels > depth:

@@ -1,12 +1,15 @@
-"""Segmentation networks from MONAI, built from the plan and the experiment's model section:
-`dynunet` (MONAI's DynUNet with the plan's per-axis kernels and strides, nnU-Net's network) and
-`unet` (MONAI's UNet, isotropic levels of the experiment's widths). Both use InstanceNorm, so
-micro-batches do not change the result."""
+"""Segmentation networks built from the plan and the experiment's model section: `dynunet`
+(MONAI's DynUNet with the plan's per-axis kernels and strides, nnU-Net's plain network), `unet`
+(MONAI's UNet, isotropic levels of the experiment's widths) and `resenc` (nnU-Net's residual-
+encoder U-Net from MIC-DKFZ's dynamic-network-architectures, the `ResidualEncoderUNet` its
+ResEnc presets train). All use InstanceNorm, so micro-batches do not change the result."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from monai.networks.nets import DynUNet, UNet
 from torch import nn
 
@@ -64,9 +67,77 @@ def build_dynunet(
     )
 
 
+def build_resenc_core(in_channels: int, out_channels: int, network: dict,
+                      deep_supervision: bool = False) -> nn.Module:  # fmt: skip
+    """dynamic-network-architectures' ResidualEncoderUNet with nnU-Net's settings (InstanceNorm
+    with affine, LeakyReLU, conv bias) for a planned topology; the residual blocks a stage and
+    decoder convolutions are the plan's, else the ResEnc presets' (1, 3, 4, 6, 6, … and 1)."""
+    try:
+        from dynamic_network_architectures.architectures.unet import ResidualEncoderUNet
+    except ImportError as e:
+        raise VoxjetError(
+            "model resenc needs MIC-DKFZ's dynamic-network-architectures: pip install "
+            "'voxjet[resenc]' (or pip install dynamic-network-architectures)"
+        ) from e
+    from voxjet.volumes.resenc import BLOCKS_ENCODER
+
+    strides = network["strides"]
+    n = len(strides)
+    dims = len(strides[0])
+    conv, norm = (nn.Conv3d, nn.InstanceNorm3d) if dims == 3 else (nn.Conv2d, nn.InstanceNorm2d)
+    return ResidualEncoderUNet(
+        input_channels=in_channels,
+        n_stages=n,
+        features_per_stage=list(network["filters"]),
+        conv_op=conv,
+        kernel_sizes=[list(k) for k in network["kernels"]],
+        strides=[list(s) for s in strides],
+        n_blocks_per_stage=list(network.get("blocks_per_stage") or BLOCKS_ENCODER[:n]),
+        num_classes=out_channels,
+        n_conv_per_stage_decoder=list(network.get("decoder_convs") or [1] * (n - 1)),
+        conv_bias=True,
+        norm_op=norm,
+        norm_op_kwargs={"eps": 1e-5, "affine": True},
+        dropout_op=None,
+        nonlin=nn.LeakyReLU,
+        nonlin_kwargs={"inplace": True},
+        deep_supervision=deep_supervision,
+    )
+
+
+class ResEncUNet(nn.Module):
+    """The residual-encoder U-Net with deep supervision as voxjet's trainer takes it from
+    DynUNet: in training, the decoder's outputs upsampled to the patch and stacked
+    [B, heads, C, ...] (the full resolution first); in evaluation the full-resolution output."""
+
+    def __init__(self, in_channels: int, out_channels: int, network: dict,
+                 deep_supervision: bool = False) -> None:  # fmt: skip
+        super().__init__()
+        self.deep_supervision = deep_supervision
+        self.net = build_resenc_core(in_channels, out_channels, network, deep_supervision)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = self.training and self.deep_supervision
+        self.net.decoder.deep_supervision = heads
+        out = self.net(x)
+        if not heads:
+            return out
+        size = out[0].shape[2:]
+        mode = "trilinear" if len(size) == 3 else "bilinear"
+        up = [out[0]] + [F.interpolate(o, size=size, mode=mode) for o in out[1:]]
+        return torch.stack(up, dim=1)
+
+
+def build_resenc(in_channels: int, out_channels: int, network: dict,
+                 deep_supervision: bool = False) -> nn.Module:  # fmt: skip
+    """nnU-Net's residual-encoder U-Net for the plan's network."""
+    return ResEncUNet(in_channels, out_channels, network, deep_supervision)
+
+
 MODEL_KEYS = {
     "unet": ("channels", "num_res_units", "dropout"),
     "dynunet": ("filters", "deep_supervision", "res_block", "dropout"),
+    "resenc": ("deep_supervision",),
 }
 
 
@@ -75,11 +146,13 @@ def build_seg_model(cfg: dict[str, Any]) -> nn.Module:
     `network` the plan's topology for dynunet)."""
     name = cfg.get("name", "unet")
     if name not in MODEL_KEYS:
-        raise VoxjetError(f"model {name!r} is no segmentation model; use unet or dynunet")
+        raise VoxjetError(f"model {name!r} is no segmentation model; use unet, dynunet or resenc")
     keys = {k: cfg[k] for k in MODEL_KEYS[name] if k in cfg and cfg[k] is not None}
     if name == "unet":
         return build_unet(cfg["in_channels"], cfg["out_channels"], **keys)
     net = cfg["network"]
+    if name == "resenc":
+        return build_resenc(cfg["in_channels"], cfg["out_channels"], net, **keys)
     keys.setdefault("filters", net["filters"])
     return build_dynunet(cfg["in_channels"], cfg["out_channels"], net["kernels"],
                          net["strides"], **keys)  # fmt: skip

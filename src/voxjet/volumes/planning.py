@@ -19,6 +19,7 @@ import numpy as np
 from voxjet.errors import VoxjetError
 
 GIB = 1024**3
+DEFAULT_GPU_MEMORY_GB = 8.0  # volumes.gpu_memory_gb null with the voxjet planner (nnU-Net's 8)
 MIN_FEATURE = 4  # nnU-Net stops pooling an axis before its feature map falls below this
 # bytes a layer-output element costs in a training step: measured on CPU against the peak a
 # forward and backward pass adds (tests/memory_probe.py; float32, InstanceNorm) it is 5.3-5.9

@@ -53,7 +53,8 @@ class VolumePrepConfig:
     patch_size: list[int] | None = None
     network_depth: int = 3
     plan_channels: list[int] | None = None
-    gpu_memory_gb: float = 8.0
+    plan: str = "voxjet"
+    gpu_memory_gb: float | None = None
     val_fraction: float = 0.15
     test_fraction: float = 0.2
     foreground_samples: int = 10000
@@ -245,13 +246,9 @@ def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
     }
 
 
-def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
-    """Target spacing, the resampled median case, topology, patch, batch and pipeline stages
-    (voxjet.volumes.planning), the label set and each channel's normalisation."""
+def _sized_by_voxjet(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     from voxjet.volumes.planning import (
-        GIB,
-        choose_storage,
-        node_memory_bytes,
+        DEFAULT_GPU_MEMORY_GB,
         plan_patch_and_batch,
         resampled_shapes,
         target_spacing,
@@ -260,30 +257,61 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     spacing = cfg.target_spacing or target_spacing(fp["spacings"])
     shapes = resampled_shapes(fp["shapes"], fp["spacings"], spacing)
     median = np.median(shapes, 0)
-    levels = cfg.network_depth
     if cfg.plan_channels is not None and len(cfg.plan_channels) < 2:
         raise VoxjetError("volumes.plan_channels: give at least two widths")
-    filters = cfg.plan_channels
+    budget = cfg.gpu_memory_gb or DEFAULT_GPU_MEMORY_GB
     sized = plan_patch_and_batch(
         spacing,
         median.tolist(),
         float(np.prod(shapes, axis=1).sum()),
         len(ds.channels),
         ds.num_outputs,
-        cfg.gpu_memory_gb,
-        levels,
-        filters=filters,
+        budget,
+        cfg.network_depth,
+        filters=cfg.plan_channels,
         patch=cfg.patch_size,
     )
-    # float32 a channel and a uint8 label a voxel, as training reads them
-    decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
-    memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()
     return {
         "target_spacing": [float(s) for s in spacing],
         "median_shape_resampled": median.tolist(),
         **sized,
+        "gpu_memory_gb": budget,
+    }
+
+
+def _sized_by_resenc(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
+    from voxjet.volumes.planning import GIB, estimate_bytes
+    from voxjet.volumes.resenc import plan_resenc_dataset
+
+    sized = plan_resenc_dataset(fp["spacings"], fp["shapes"], len(ds.channels), ds.num_outputs,
+                                cfg.plan, cfg.gpu_memory_gb, spacing=cfg.target_spacing,
+                                patch=cfg.patch_size)  # fmt: skip
+    import torch
+
+    from voxjet.volumes.models import build_resenc
+
+    with torch.device("meta"):
+        net = build_resenc(len(ds.channels), ds.num_outputs, sized["network"])
+    need = estimate_bytes(net, len(ds.channels), sized["patch_size"], sized["batch_size"])
+    return {**sized, "estimated_gpu_memory_gb": need / GIB, "pipeline_stages": 1,
+            "micro_batches": 1}  # fmt: skip
+
+
+def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
+    """Target spacing, the resampled median case, topology, patch, batch and pipeline stages
+    (voxjet's planner, voxjet.volumes.planning, or a ResEnc preset of nnU-Net's,
+    voxjet.volumes.resenc), the label set and each channel's normalisation."""
+    from voxjet.volumes.planning import GIB, choose_storage, node_memory_bytes, resampled_shapes
+
+    sized = (_sized_by_voxjet if cfg.plan == "voxjet" else _sized_by_resenc)(fp, ds, cfg)
+    shapes = resampled_shapes(fp["shapes"], fp["spacings"], sized["target_spacing"])
+    # float32 a channel and a uint8 label a voxel, as training reads them
+    decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
+    memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()
+    return {
+        "planner": cfg.plan,
+        **sized,
         "network_depth": cfg.network_depth,
-        "gpu_memory_gb": cfg.gpu_memory_gb,
         "num_classes": max(ds.labels) + 1,
         "num_outputs": ds.num_outputs,
         "labels": {int(k): v for k, v in ds.labels.items()},

@@ -97,6 +97,14 @@ class SegTask:
             "in_channels": int(channels),
             "out_channels": int(self.plan.get("num_outputs", self.plan["num_classes"])),
         }
+        if self.model_cfg["name"] == "resenc":
+            self.model_cfg["network"] = self.plan["network"]
+            if s.pipeline_stages > 1:
+                raise VoxjetError(
+                    "model resenc and train.pipeline_stages > 1: the residual-encoder U-Net is "
+                    "not cut into pipeline stages; use model dynunet or unet for a pipeline, or "
+                    "a ResEnc plan whose batch fits one GPU (train.pipeline_stages: 1)"
+                )
         if self.model_cfg["name"] == "dynunet":
             self.model_cfg["network"] = self.plan["network"]
             filters = self.model_cfg.get("filters")

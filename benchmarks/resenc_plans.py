@@ -1,0 +1,143 @@
+"""nnU-Net 2.8.1's ResEnc presets (`nnUNetPlannerResEncM/L/XL`) against voxjet's
+`volumes.plan: resenc_m|l|xl` on the demo's toy CT set: nnU-Net's fingerprint and planner run as
+its command lines run them; voxjet plans from that fingerprint (axes turned to RAS) and from its
+own. Prints patch, batch and topology side by side; `--record` writes nnU-Net's fingerprint and
+plans to tests/data/nnunet_resenc_toy_ct.json, which tests/test_resenc.py compares with where
+nnU-Net is not installed.
+
+    .venv-bench/bin/python benchmarks/resenc_plans.py [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+RECORD = ROOT / "tests" / "data" / "nnunet_resenc_toy_ct.json"
+PLANNERS = {"resenc_m": "nnUNetPlannerResEncM", "resenc_l": "nnUNetPlannerResEncL",
+            "resenc_xl": "nnUNetPlannerResEncXL"}  # fmt: skip
+COMPARED = ("patch_size", "batch_size", "strides", "kernels")
+
+
+def toy_ct(root: Path) -> Path:
+    """The demo's toy CT set (its synthetic settings from config/config.yaml)."""
+    import yaml
+
+    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    synth = cfg["datasets"]["toy_ct"]["source"]["synthetic"]
+    return generate_dataset(root / "msd", ToyVolumesConfig(**synth), progress=False)
+
+
+def nnunet_plans(msd: Path, root: Path, scale: int = 1) -> dict:
+    """nnU-Net's fingerprint of the dataset and each preset's 3d_fullres plan (its axis order);
+    with `scale`, the fingerprint's case shapes times that before planning (cases as large as
+    a clinical CT's, so the presets shrink the patch and size the batch to their memory)."""
+    import nnunet_peer
+
+    environ = nnunet_peer.env(root)
+    nnunet_peer.to_raw(msd, root)
+    d = str(nnunet_peer.DATASET_ID)
+    exe = Path(sys.executable).parent
+    run = {"env": environ, "check": True, "capture_output": True}
+    subprocess.run([str(exe / "nnUNetv2_extract_fingerprint"), "-d", d, "-np", "1"], **run)
+    prep = root / "nnUNet_preprocessed" / nnunet_peer.NAME
+    fp = json.loads((prep / "dataset_fingerprint.json").read_text())
+    if scale != 1:
+        fp["shapes_after_crop"] = [[n * scale for n in s] for s in fp["shapes_after_crop"]]
+        (prep / "dataset_fingerprint.json").write_text(json.dumps(fp))
+    kept = {k: fp[k] for k in ("spacings", "shapes_after_crop")}
+    out = {"fingerprint": kept, "scale": scale, "plans": {}}
+    for preset, planner in PLANNERS.items():
+        subprocess.run([str(exe / "nnUNetv2_plan_experiment"), "-d", d, "-pl", planner], **run)
+        name = {"resenc_m": "M", "resenc_l": "L", "resenc_xl": "XL"}[preset]
+        plans = json.loads((prep / f"nnUNetResEncUNet{name}Plans.json").read_text())
+        full = plans["configurations"]["3d_fullres"]
+        arch = full["architecture"]["arch_kwargs"]
+        out["plans"][preset] = {
+            "patch_size": full["patch_size"],
+            "batch_size": full["batch_size"],
+            "spacing": full["spacing"],
+            "strides": arch["strides"],
+            "kernels": arch["kernel_sizes"],
+            "features_per_stage": arch["features_per_stage"],
+            "n_blocks_per_stage": arch["n_blocks_per_stage"],
+            "transpose_forward": plans["transpose_forward"],
+        }
+    return out
+
+
+def voxjet_from(fingerprint: dict, preset: str, in_channels: int = 1, outputs: int = 3) -> dict:
+    """voxjet's plan from nnU-Net's fingerprint, its (z, y, x) axes turned to RAS."""
+    from voxjet.volumes.resenc import plan_resenc_dataset
+
+    sp = [list(reversed(s)) for s in fingerprint["spacings"]]
+    sh = [list(reversed(s)) for s in fingerprint["shapes_after_crop"]]
+    return plan_resenc_dataset(sp, sh, in_channels, outputs, preset)
+
+
+def in_nnunet_axes(plan: dict) -> dict:
+    """A voxjet plan's patch and topology in nnU-Net's axis order."""
+    order = plan["nnunet_axes"]
+    net = plan["network"]
+    return {
+        "patch_size": [plan["patch_size"][a] for a in order],
+        "batch_size": plan["batch_size"],
+        "spacing": [plan["target_spacing"][a] for a in order],
+        "strides": [[s[a] for a in order] for s in net["strides"]],
+        "kernels": [[k[a] for a in order] for k in net["kernels"]],
+        "features_per_stage": net["filters"],
+        "n_blocks_per_stage": net["blocks_per_stage"],
+    }
+
+
+def voxjet_own(msd: Path, preset: str) -> dict:
+    """voxjet's plan from its own fingerprint of every training case (as nnU-Net's covers)."""
+    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.preprocess import VolumePrepConfig, inspect_cases
+    from voxjet.volumes.resenc import plan_resenc_dataset
+
+    ds = load_dataset(msd)
+    stats, _ = inspect_cases(ds, [c.case_id for c in ds.cases], VolumePrepConfig())
+    return plan_resenc_dataset([s["spacing"] for s in stats.values()],
+                               [s["shape"] for s in stats.values()], 1, 3, preset)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--record", action="store_true", help=f"write {RECORD.relative_to(ROOT)}")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        msd = toy_ct(Path(tmp))
+        refs = {"toy_ct": nnunet_plans(msd, Path(tmp) / "nnunet"),
+                "toy_ct_x6": nnunet_plans(msd, Path(tmp) / "nnunet_x6", scale=6)}  # fmt: skip
+        own = {p: in_nnunet_axes(voxjet_own(msd, p)) for p in PLANNERS}
+    print("| cases | preset | planner | patch (nnU-Net's axes) | batch | stages | as nnU-Net's |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ref in refs.items():
+        for preset, theirs in ref["plans"].items():
+            mine = in_nnunet_axes(voxjet_from(ref["fingerprint"], preset))
+            rows = [("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)]
+            if name == "toy_ct":
+                rows.append(("voxjet, its own fingerprint", own[preset]))
+            for who, p in rows:
+                same = all(
+                    p[k] == theirs[k] for k in ("patch_size", "batch_size", "strides", "kernels")
+                )
+                print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
+                      f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
+    if args.record:
+        RECORD.parent.mkdir(exist_ok=True)
+        RECORD.write_text(json.dumps({"nnunetv2": "2.8.1", **refs}, indent=1) + "\n")
+        print(f"recorded {RECORD}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mni_dataset import mni_file  # noqa: F401  (the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -23,16 +24,6 @@ def hep_file(name: str) -> Path:
 
     path = Path(skhep_testdata.data_path(name))
     assert path.is_file(), f"{name}: not in the installed scikit-hep-testdata"
-    return path
-
-
-def mni_file(kind: str) -> Path:
-    """The MNI ICBM152 2009a template that nilearn ships (t1, gm or wm), 1 mm, 197×233×189."""
-    from importlib.metadata import distribution
-
-    rel = f"nilearn/datasets/data/mni_icbm152_{kind}_tal_nlin_sym_09a_converted.nii.gz"
-    path = Path(distribution("nilearn").locate_file(rel))
-    assert path.is_file(), f"{rel}: not in the installed nilearn"
     return path
 
 

@@ -10,7 +10,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from conftest import mni_file
+from mni_dataset import mni_brain_dataset
 
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
@@ -270,7 +270,7 @@ def test_seg_metrics_dice_and_hd95():
 
 def test_preprocess_real_mni_template(tmp_path):
     """The MNI152 template (real data): T1 and its brain as the label, in the MSD layout."""
-    root = _mni_brain_dataset(tmp_path / "mni")
+    root = mni_brain_dataset(tmp_path / "mni")
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"root": str(root)}))
     plan = preprocess_dataset(manifest, tmp_path / "cases", VolumePrepConfig(patch_size=[32] * 3))
@@ -583,46 +583,6 @@ def test_mirroring_makes_the_prediction_flip_equivariant():
     assert (mf[::-1] == m).mean() > 0.999
 
 
-def _mni_brain_dataset(root: Path) -> Path:
-    """The MNI152 template at 3 mm with its brain (grey + white matter probability > 0.5) as
-    the label: four cases that differ by intensity scale, a left-right mirror and axis order
-    (one is not RAS), in the MSD layout."""
-    t1_img = nib.load(mni_file("t1"))
-    t1 = np.asarray(t1_img.dataobj, np.float32)[::3, ::3, ::3]
-    brain = sum(
-        np.asarray(nib.load(mni_file(t)).dataobj).astype(np.float32)[::3, ::3, ::3]
-        for t in ("gm", "wm")
-    )
-    label = (brain > 127).astype(np.uint8)
-    aff = t1_img.affine @ np.diag([3, 3, 3, 1])
-    flip_x = np.diag([-1, 1, 1, 1]).astype(float)
-    flip_x[0, 3] = t1.shape[0] - 1
-    variants = [
-        (t1, label, aff),
-        (1.3 * t1, label, aff),
-        (t1[::-1].copy(), label[::-1].copy(), aff @ flip_x),  # stored mirrored: L, not R
-        (0.8 * t1.transpose(1, 0, 2).copy(), label.transpose(1, 0, 2).copy(), aff[:, [1, 0, 2, 3]]),
-    ]
-    for sub in ("imagesTr", "labelsTr"):
-        (root / sub).mkdir(parents=True)
-    for i, (img, lbl, a) in enumerate(variants):
-        nib.save(nib.Nifti1Image(img, a), root / "imagesTr" / f"mni_{i}.nii.gz")
-        nib.save(nib.Nifti1Image(lbl, a), root / "labelsTr" / f"mni_{i}.nii.gz")
-    (root / "dataset.json").write_text(
-        json.dumps(
-            {
-                "modality": {"0": "MRI"},
-                "labels": {"0": "background", "1": "brain"},
-                "training": [
-                    {"image": f"./imagesTr/mni_{i}.nii.gz", "label": f"./labelsTr/mni_{i}.nii.gz"}
-                    for i in range(len(variants))
-                ],
-            }
-        )
-    )
-    return root
-
-
 @pytest.mark.slow
 def test_short_run_segments_the_mni_brain(tmp_path):
     """Real data: a short U-Net run segments the MNI152 brain with test Dice ≥ 0.9, and the
@@ -630,7 +590,7 @@ def test_short_run_segments_the_mni_brain(tmp_path):
     from voxjet.volumes.evaluate import evaluate
     from voxjet.volumes.train import run
 
-    root = _mni_brain_dataset(tmp_path / "mni")
+    root = mni_brain_dataset(tmp_path / "mni")
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"root": str(root), "files": []}))
     cfg = VolumePrepConfig(patch_size=[48, 48, 48], network_depth=3, val_fraction=0.25,

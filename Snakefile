@@ -35,4 +35,5 @@ rule all:
     input:
         rules.aggregate.output,
         predict_targets(),
+        best_targets(),
     default_target: True

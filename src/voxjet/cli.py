@@ -144,16 +144,30 @@ def _evaluate_jets(a: argparse.Namespace) -> None:
 def _evaluate_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.evaluate import evaluate
 
-    m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a))
+    m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a),
+                 split=a.split, probabilities=a.probabilities)  # fmt: skip
     if m:  # the main process's summary
-        print(f"test mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm", file=sys.stderr)
+        print(f"{a.split} mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm",
+              file=sys.stderr)  # fmt: skip
+
+
+def _find_best(a: argparse.Namespace) -> None:
+    from voxjet.volumes.best import find_best
+
+    configs = parse_json_arg(a.configs, "--configs")
+    choice = find_best(a.cases, {n: c["validations"] for n, c in configs.items()}, a.out,
+                       models={n: c["models"] for n, c in configs.items()})  # fmt: skip
+    post = choice["postprocessing"]
+    print(f"best: {' + '.join(choice['configurations'])}, validation mean Dice "
+          f"{choice['dice_mean']:.4f}, {post['dice_mean_after']:.4f} after post-processing",
+          file=sys.stderr)  # fmt: skip
 
 
 def _predict(a: argparse.Namespace) -> None:
     from voxjet.predict import run_predict
 
     run_predict(a.model, a.input, a.out, a.observers, a.step_size, a.batch_size, a.overlap,
-                a.mirror, a.probabilities, tree=a.tree)  # fmt: skip
+                a.mirror, a.probabilities, tree=a.tree, choice=a.choice)  # fmt: skip
 
 
 def _export(a: argparse.Namespace) -> None:
@@ -320,7 +334,25 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "evaluate-seg":
             s.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
             s.add_argument("--mirror", action="store_true", help="average all 8 axis flips")
+            s.add_argument("--split", choices=["test", "val"], default="test",
+                           help="val: the cases the run validated on (its fold's)")  # fmt: skip
+            s.add_argument(
+                "--probabilities",
+                action="store_true",
+                help="also write the probabilities (probabilities/<case>.npz)",
+            )
         s.set_defaults(func=func)
+
+    s = sub.add_parser("find-best", help="choose a dataset's best configuration or ensemble "
+                       "and post-processing from the folds' validation predictions")  # fmt: skip
+    s.add_argument("--cases", required=True, help="the dataset's prepared cases")
+    s.add_argument(
+        "--configs",
+        required=True,
+        help='JSON: {name: {"validations": [dirs], "models": [model.pt]}}',
+    )
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=_find_best)
 
     s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")
     s.add_argument(
@@ -390,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     s.add_argument("--overlap", type=float, default=0.5, help="volumes: sliding-window overlap")
     s.add_argument("--mirror", action="store_true", help="volumes: average all 8 axis flips")
+    s.add_argument("--choice", default=None,
+                   help="volumes: a best-configuration choice.json (find-best): its models "
+                   "averaged and its post-processing applied")  # fmt: skip
     s.add_argument(
         "--probabilities",
         action="store_true",

@@ -410,6 +410,28 @@ def scaling_runs(name: str, exp: Mapping[str, Any], base: Mapping[str, Any],
     return out
 
 
+def best_runs(p: Mapping[str, Any], runs: Mapping[str, Run], where: str) -> list[Run]:
+    """`run: best`: every cross-validation fold run of the dataset whose best configuration
+    is applied (find_best chooses among them)."""
+    folds = [r for r in runs.values() if r.role == "train" and "fold" in r.params]
+    datasets = sorted({r.dataset for r in folds})
+    ds = p.get("dataset") or (datasets[0] if len(datasets) == 1 else None)
+    if ds is None:
+        raise VoxjetError(
+            f"{where}.run': best needs a dataset with cross-validated experiments; "
+            + (f"several have them ({datasets}): name one with predict.<name>.dataset"
+               if datasets else "give an experiment `folds:` (e.g. 5), or name a run")
+        )  # fmt: skip
+    mine = [r for r in folds if r.dataset == ds]
+    if not mine:
+        raise VoxjetError(
+            f"{where}.dataset': {ds!r} has no cross-validated experiment, so no best "
+            f"configuration can be chosen; give one of its experiments `folds:` (datasets "
+            f"with them: {datasets})"
+        )
+    return mine
+
+
 def prediction_runs(config: Mapping[str, Any], runs: Mapping[str, Run]) -> dict[str, list[Run]]:
     """For each entry of `predict`, the runs whose model it may use (one named run, or every
     run of an experiment: the best of them is picked when the job runs); a name that is no
@@ -417,7 +439,9 @@ def prediction_runs(config: Mapping[str, Any], runs: Mapping[str, Run]) -> dict[
     out = {}
     for name, p in (config.get("predict") or {}).items():
         where = f"config key 'predict.{name}"
-        if "run" in p:
+        if p.get("run") == "best" and "best" not in runs:
+            out[name] = best_runs(p, runs, where)
+        elif "run" in p:
             if p["run"] not in runs or runs[p["run"]].role != "train":
                 raise VoxjetError(f"{where}.run': no run named {p['run']!r}; runs: {sorted(runs)}")
             out[name] = [runs[p["run"]]]

@@ -67,6 +67,25 @@ def choose_models(paths: list[str]) -> list[str]:
     return [best]
 
 
+def chosen_models(choice_path: str, given: list[str]) -> tuple[list[str], dict]:
+    """The models and post-processing a best-configuration choice names (each must be among
+    the models given to the job)."""
+    import json
+
+    try:
+        choice = json.loads(Path(choice_path).read_text())
+        models = [m for c in choice["configurations"] for m in choice["models"][c]]
+        post = choice["postprocessing"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise VoxjetError(f"{choice_path}: not a best-configuration choice ({e}); rerun "
+                          "find_best (snakemake -R find_best)") from e  # fmt: skip
+    missing = [m for m in models if m not in given]
+    if missing:
+        raise VoxjetError(f"{choice_path}: names models this job was not given: {missing}; "
+                          "rerun find_best for the current experiments")  # fmt: skip
+    return models, post
+
+
 def run_predict(
     model_path: str | list[str],
     inputs: list[str],
@@ -78,12 +97,19 @@ def run_predict(
     mirror: bool = False,
     probabilities: bool = False,
     tree: str | None = None,
+    choice: str | None = None,
 ) -> list[Path]:
-    """Predict every input with this process's share; returns the outputs written here."""
+    """Predict every input with this process's share; returns the outputs written here.
+    `choice`: a dataset's best configuration (find-best's choice.json): its configurations'
+    fold models averaged and its post-processing applied."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
     refuse_overlap(out_dir, inputs, "predict", "--out")
-    models = choose_models([model_path] if isinstance(model_path, str) else list(model_path))
+    given = [model_path] if isinstance(model_path, str) else list(model_path)
+    post = None
+    if choice is not None:
+        given, post = chosen_models(choice, given)
+    models = given if choice is not None else choose_models(given)
     domain = model_domain(models[0])
     rt = init_runtime()
     try:
@@ -92,7 +118,8 @@ def run_predict(
         if domain != "jets":
             from voxjet.volumes.predict import run_volume_predict
 
-            return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities)
+            return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities,
+                                      postprocessing=post)  # fmt: skip
         from voxjet.jets.predict import predict_file
         from voxjet.jets.tagger import load_tagger
 

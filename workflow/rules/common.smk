@@ -114,6 +114,14 @@ def predict_models(wildcards):
     return [f"{r.run_dir}/model.pt" for r in PREDICTIONS[wildcards.name]]
 
 
+def predict_choice(wildcards):
+    """`run: best`: the dataset's choice.json, made by find_best."""
+    p = config["predict"][wildcards.name]
+    if p.get("run") != "best" or "best" in RUNS:
+        return []
+    return [f"results/{PREDICTIONS[wildcards.name][0].dataset}/best/choice.json"]
+
+
 def predict_inputs(wildcards):
     return " ".join(shlex.quote(f) for f in predict_chunks(wildcards.name)[int(wildcards.chunk)])
 
@@ -126,6 +134,7 @@ def predict_options(wildcards):
         opts.append("--observers " + " ".join(shlex.quote(o) for o in p["observers"]))
     if p.get("tree"):
         opts.append(f"--tree {shlex.quote(p['tree'])}")
+    opts += [f"--choice {shlex.quote(c)}" for c in predict_choice(wildcards)]
     return " ".join(opts)
 
 
@@ -390,6 +399,37 @@ def case_files(wildcards):
     """One preprocessed file a case (a bad case skipped by on_bad_case: skip gets a file that
     says so)."""
     return [f"results/{wildcards.dataset}/cases/{c}.h5" for c in case_ids(wildcards.dataset)]
+
+
+def fold_runs(dataset=None):
+    """Runs trained as a fold of a cross-validation (`folds:`), of one dataset or all."""
+    return [r for r in RUNS.values() if r.role == "train" and "fold" in r.params
+            and (dataset is None or r.dataset == dataset)]  # fmt: skip
+
+
+def configuration_of(run):
+    """A fold run's configuration: its experiment and sweep point, the fold left out."""
+    return run.run_id.replace(f"_fold-{run.params['fold']}", "", 1)
+
+
+def best_targets():
+    """Each volumes dataset with cross-validated experiments: its best-configuration choice."""
+    return sorted({f"results/{r.dataset}/best/choice.json" for r in fold_runs()})
+
+
+def best_inputs(wildcards):
+    """The validation metrics of every fold run of the dataset (the probabilities beside)."""
+    return [f"{r.run_dir}/validation/metrics.json" for r in fold_runs(wildcards.dataset)]
+
+
+def best_configs(wildcards):
+    """find-best's --configs: each configuration's fold validation folders and models."""
+    out = {}
+    for r in fold_runs(wildcards.dataset):
+        c = out.setdefault(configuration_of(r), {"validations": [], "models": []})
+        c["validations"].append(f"{r.run_dir}/validation")
+        c["models"].append(f"{r.run_dir}/model.pt")
+    return json.dumps(out, sort_keys=True)
 
 
 def train_logs():

@@ -100,3 +100,83 @@ rule evaluate_seg:
         "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
         " --overlap {params.overlap} {params.mirror} --out {params.out}"
+
+
+# The cases each fold of a cross-validation validated on, predicted with their probabilities on
+# the original grids: what find_best chooses the dataset's best configuration from.
+rule validate_seg:
+    input:
+        data=data_input(rules.gather_cases.output[0]),
+        model=rules.train_seg.output.model,
+        plan=plan_for_auto,
+        ledger=ledgers(
+            data_input(rules.gather_cases.output[0]), rules.train_seg.output.model, plan_for_auto
+        ),
+    output:
+        metrics="results/{dataset}/runs/{run}/validation/metrics.json",
+        probabilities=directory("results/{dataset}/runs/{run}/validation/probabilities"),
+    params:
+        data=data_location,
+        read=read_options,
+        launch=launch_args,
+        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/validation",
+        overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
+        mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
+    log:
+        "logs/validate_seg/{dataset}/{run}.log",
+    benchmark:
+        "results/benchmarks/validate_seg/{dataset}/{run}.tsv"
+    wildcard_constraints:
+        dataset=one_of(datasets_of("volumes")),
+        run=one_of([r.run_id for r in fold_runs()]),
+    threads: launch_value("threads")
+    resources:
+        gpu=launch_gpus_total,
+        nodes=launch_value("nodes"),
+        tasks=launch_value("nodes"),
+        mpi=launch_mpi,
+        mem_mb=launch_value("mem_mb"),
+        runtime=launch_value("runtime"),
+    conda:
+        ENV
+    shell:
+        "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
+        " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
+        " --overlap {params.overlap} {params.mirror} --split val --probabilities --out {params.out}"
+
+
+# nnU-Net's find_best_configuration: the best configuration or pair of a dataset from its folds'
+# validation predictions, and the post-processing that raises their Dice.
+rule find_best:
+    input:
+        validations=best_inputs,
+        data=data_input(rules.gather_cases.output[0]),
+        ledger=ledgers(data_input(rules.gather_cases.output[0]), best_inputs),
+    output:
+        choice="results/{dataset}/best/choice.json",
+        summary=report(
+            "results/{dataset}/best/summary.md",
+            caption="../report/best.rst",
+            category="volumes",
+            subcategory="{dataset}",
+            labels={"figure": "best configuration"},
+        ),
+    params:
+        data=data_location,
+        configs=best_configs,
+        out=lambda wildcards: f"results/{wildcards.dataset}/best",
+    log:
+        "logs/find_best/{dataset}.log",
+    benchmark:
+        "results/benchmarks/find_best/{dataset}.tsv"
+    wildcard_constraints:
+        dataset=one_of(sorted({r.dataset for r in fold_runs()})),
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    conda:
+        ENV
+    shell:
+        "voxjet job --log {log:q} --outputs {output:q} --"
+        " find-best --cases {params.data:q} --configs {params.configs:q} --out {params.out}"

@@ -5,6 +5,7 @@
 rule predict:
     input:
         models=predict_models,
+        choice=predict_choice,
         ledger=ledgers(predict_models),
     output:
         directory("results/predict/{name}/part_{chunk}"),

@@ -18,8 +18,9 @@ from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.report.figures import pyplot, save_figure
-from voxjet.volumes.geometry import labels_to_original
-from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
+from voxjet.volumes.best import PROBABILITIES, save_probabilities
+from voxjet.volumes.geometry import labels_to_original, probs_to_original
+from voxjet.volumes.inference import predict_probs, read_case_arrays, seg_metrics, to_labels
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import CaseStore, case_sizes
 
@@ -79,34 +80,52 @@ def evaluate(
     overlap: float = 0.5,
     mirror: bool = False,
     read: dict | None = None,
+    split: str = "test",
+    probabilities: bool = False,
 ) -> dict:
     """Score the test cases (shared over the job's processes: case i on rank i mod world);
     write metrics.json (per case and mean per class), overlays.png and each prediction as
-    NIfTI on the original image's grid (predictions/<case>.nii.gz)."""
+    NIfTI on the original image's grid (predictions/<case>.nii.gz). `split="val"` scores the
+    cases the run validated on (its fold's); `probabilities` also writes each case's
+    probabilities on its original grid (probabilities/<case>.npz, what find-best combines)."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
     rt = init_runtime()
     try:
         with localised(cases_dir, read) as where:  # read.node_local: a copy on this node
-            return _evaluate(rt, where, model_path, out_dir, overlap, mirror, read)
+            return _evaluate(rt, where, model_path, out_dir, overlap, mirror, read, split,
+                             probabilities)  # fmt: skip
     finally:
         shutdown(rt)
 
 
-def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict:
+def _cases_of(split_json: dict, split: str, saved: dict, plan: dict, where: str) -> list[str]:
+    """The test split, or the validation cases of the run that made the model."""
+    if split == "test":
+        cases = split_json["test"]
+        if not cases:
+            raise VoxjetError(
+                f"{where}/splits.json: the test split is empty (a model would be scored on "
+                "cases it was selected on); raise the dataset's volumes.test_fraction"
+            )
+        return cases
+    from voxjet.volumes.train import fold_splits
+
+    s = saved.get("settings", {})
+    seed = plan.get("config", {}).get("seed", 42)
+    return fold_splits(split_json, s.get("fold"), s.get("folds"), seed, f"{where}/splits.json")[1]
+
+
+def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="test",
+              probabilities=False) -> dict:  # fmt: skip
     import torch.distributed as dist
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     opts = ReadOptions.from_config(read)
     plan = read_json_at(cases_dir, "plan.json", opts)
-    split = read_json_at(cases_dir, "splits.json", opts)
-    cases = split["test"]
-    if not cases:
-        raise VoxjetError(
-            f"{cases_dir}/splits.json: the test split is empty (a model would be scored on "
-            "cases it was selected on); raise the dataset's volumes.test_fraction"
-        )
+    model, saved = load_trained(model_path)
+    cases = _cases_of(read_json_at(cases_dir, "splits.json", opts), split, saved, plan, cases_dir)
     store = CaseStore(
         cases_dir,
         cases,
@@ -115,7 +134,6 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
         lookahead=opts.lookahead,
         sizes=case_sizes(cases_dir, opts),
     )
-    model, saved = load_trained(model_path)
     device = rt.device
     model.to(device)
     per_case, rows = {}, []
@@ -123,8 +141,13 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
     for cid in cases[rt.rank :: rt.world_size]:
         f = store.file(cid)
         image, label = read_case_arrays(f)
-        pred = predict_case(model, image, plan["patch_size"], device, overlap, mirror=mirror,
-                            plan=plan)  # fmt: skip
+        probs = predict_probs(model, image, plan["patch_size"], device, overlap, mirror=mirror,
+                              sigmoid=bool(plan.get("regions")))  # fmt: skip
+        pred = to_labels(probs, plan)
+        if probabilities:
+            background = 0.0 if plan.get("regions") else 1.0
+            save_probabilities(out / PROBABILITIES, cid,
+                               probs_to_original(probs.numpy(), f.attrs, background))  # fmt: skip
         original, per_case[cid] = score_case(f, pred, plan)
         nifti = nib.Nifti1Image(original, np.asarray(f.attrs["original_affine"]))
         with atomic_path(out / "predictions" / f"{cid}.nii.gz") as tmp:
@@ -155,7 +178,7 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read) -> dict
     hds = [v["hd95"] for v in mean.values() if np.isfinite(v["hd95"])]
     metrics = {
         "domain": "volumes",
-        "split": "test",
+        "split": split,
         "space": "original",  # each case's own grid and voxel sizes, its own label
         "n_cases": len(cases),
         "dice_mean": float(np.mean(dices)) if dices else float("nan"),

@@ -158,7 +158,7 @@ def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
 
 def run_volume_predict(
     model_paths: list[str], inputs: list[str], out: Path, rt, overlap: float = 0.5,
-    mirror: bool = False, probabilities: bool = False,
+    mirror: bool = False, probabilities: bool = False, postprocessing: dict | None = None,
 ) -> list[Path]:  # fmt: skip
     """Segment this process's share of the cases into `<out>/<case>.nii.gz` (several models:
     their probabilities averaged); with `probabilities` also `<case>_probabilities.nii.gz`,
@@ -182,6 +182,10 @@ def run_volume_predict(
     written = []
     for case in cases[rt.rank :: rt.world_size]:
         seg, affine, soft = segment(models, case, cfg, rt.device, overlap, mirror, probabilities)
+        if postprocessing:  # the best configuration's (find-best), as validated
+            from voxjet.volumes.best import apply_postprocessing
+
+            seg = apply_postprocessing(seg, postprocessing, cfg["plan"])
         if soft is not None:  # before the label map: a case is done once its label map is
             _save(out / f"{case.case_id}_probabilities.nii.gz", soft.astype(np.float32), affine)
         target = out / f"{case.case_id}.nii.gz"

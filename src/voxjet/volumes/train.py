@@ -26,20 +26,21 @@ from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import CaseStore, PatchBatches, PatchSampler, case_sizes
 
 
-def fold_splits(splits: dict, s: TrainSettings, seed: int, where: str) -> tuple[list, list]:
-    """(train, val) case ids of this run: the dataset's split, or fold `s.fold` of `s.folds`
+def fold_splits(splits: dict, fold: int | None, n_folds: int | None, seed: int,
+                where: str) -> tuple[list, list]:  # fmt: skip
+    """(train, val) case ids of a run: the dataset's split, or fold `fold` of `n_folds`
     (splits_final.json's folds when the dataset has that many, else seeded folds of the
     training and validation cases)."""
-    if s.fold is None:
+    if fold is None:
         return splits["train"], splits["val"]
     from voxjet.volumes.preprocess import kfold
 
     folds = splits.get("folds")
-    if not folds or (s.folds and len(folds) != s.folds):
-        folds = kfold(splits["train"] + splits["val"], s.folds or 5, seed)
-    if s.fold >= len(folds):
-        raise VoxjetError(f"{where}: train.fold={s.fold}, but there are {len(folds)} folds")
-    return folds[s.fold]["train"], folds[s.fold]["val"]
+    if not folds or (n_folds and len(folds) != n_folds):
+        folds = kfold(splits["train"] + splits["val"], n_folds or 5, seed)
+    if fold >= len(folds):
+        raise VoxjetError(f"{where}: train.fold={fold}, but there are {len(folds)} folds")
+    return folds[fold]["train"], folds[fold]["val"]
 
 
 def region_targets(label: torch.Tensor, plan: dict) -> torch.Tensor:
@@ -65,7 +66,8 @@ class SegTask:
         self.fingerprint = read_json_at(self.dir, "fingerprint.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
         seed = self.plan.get("config", {}).get("seed", 42)
-        train_ids, val_ids = fold_splits(self.splits, s, seed, f"{self.dir}/splits.json")
+        train_ids, val_ids = fold_splits(self.splits, s.fold, s.folds, seed,
+                                         f"{self.dir}/splits.json")  # fmt: skip
         if not val_ids:
             raise VoxjetError(
                 f"{self.dir}/splits.json: the validation split is empty (the best checkpoint "

@@ -31,15 +31,17 @@ $(VENV)/.torch:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	echo "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" > $(VENV)/constraints.txt
 	touch $@
 
+$(VENV)/constraints.txt: $(VENV)/.torch
+	echo "torch==$$($(BIN)/python -c 'import torch; print(torch.__version__)')" > $@
+
 # a user's install: voxjet and the demo's event generator (where a wheel exists), no test tools
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed: pyproject.toml $(VENV)/constraints.txt
 	$(BIN)/pip install -c $(VENV)/constraints.txt -e ".[pythia]"
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/constraints.txt
 	$(BIN)/pip install -c $(VENV)/constraints.txt -e ".[dev]"
 	touch $@ $(VENV)/.installed
 

@@ -27,6 +27,8 @@ from voxjet.volumes.resenc import (
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "tests" / "data" / "nnunet_resenc_toy_ct.json"
 NNUNET = importlib.util.find_spec("nnunetv2") is not None
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import resenc_plans  # noqa: E402  (benchmarks/resenc_plans.py: nnU-Net's side, and the axes)
 
 
 @pytest.fixture(scope="module")
@@ -36,28 +38,11 @@ def nnunet_reference(tmp_path_factory) -> tuple[dict, str]:
     else as benchmarks/resenc_plans.py --record wrote them from nnU-Net 2.8.1."""
     if not NNUNET:
         return json.loads(RECORD.read_text()), f"recorded from nnU-Net 2.8.1 ({RECORD.name})"
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import resenc_plans
-
     tmp = tmp_path_factory.mktemp("nnunet")
     msd = resenc_plans.toy_ct(tmp)
     refs = {"toy_ct": resenc_plans.nnunet_plans(msd, tmp / "a"),
             "toy_ct_x6": resenc_plans.nnunet_plans(msd, tmp / "b", scale=6)}  # fmt: skip
     return refs, "nnU-Net's planner run live"
-
-
-def _in_nnunet_axes(plan: dict) -> dict:
-    order = plan["nnunet_axes"]
-    net = plan["network"]
-    return {
-        "patch_size": [plan["patch_size"][a] for a in order],
-        "batch_size": plan["batch_size"],
-        "spacing": pytest.approx([plan["target_spacing"][a] for a in order]),
-        "strides": [[s[a] for a in order] for s in net["strides"]],
-        "kernels": [[k[a] for a in order] for k in net["kernels"]],
-        "features_per_stage": net["filters"],
-        "n_blocks_per_stage": net["blocks_per_stage"],
-    }
 
 
 @pytest.mark.parametrize("cases", ["toy_ct", "toy_ct_x6"])
@@ -72,7 +57,8 @@ def test_presets_plan_what_nnunet_plans_for_the_same_fingerprint(nnunet_referenc
     # nnU-Net's arrays are (z, y, x) as SimpleITK reads the files; voxjet's are RAS (x, y, z)
     spacings = [list(reversed(s)) for s in ref["fingerprint"]["spacings"]]
     shapes = [list(reversed(s)) for s in ref["fingerprint"]["shapes_after_crop"]]
-    mine = _in_nnunet_axes(plan_resenc_dataset(spacings, shapes, 1, 3, preset))
+    mine = resenc_plans.in_nnunet_axes(plan_resenc_dataset(spacings, shapes, 1, 3, preset))
+    assert mine.pop("spacing") == pytest.approx(theirs["spacing"]), source
     for key in mine:
         assert mine[key] == theirs[key], (
             f"{key} ({source}): voxjet {mine[key]}, nnU-Net {theirs[key]}"

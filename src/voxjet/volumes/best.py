@@ -127,15 +127,18 @@ def choose(
             )
     names = sorted(files)
     candidates = [(n,) for n in names] + list(itertools.combinations(names, 2))
+    # each probability file read once: a case's configurations loaded together, every
+    # candidate's label map made from them
+    maps: dict[tuple, dict[str, np.ndarray]] = {cand: {} for cand in candidates}
+    for cid in cases:
+        probs = {n: load_probabilities(files[n][cid]) for n in names}
+        for cand in candidates:
+            maps[cand][cid] = labels_of(sum(probs[n] for n in cand) / len(cand), plan)
     scored = []
     for cand in candidates:
-        maps = {}
-        for cid in cases:
-            probs = sum(load_probabilities(files[n][cid]) for n in cand) / len(cand)
-            maps[cid] = labels_of(probs, plan)
-        s = score(maps, refs, plan)
+        s = score(maps[cand], refs, plan)
         progress(f"{' + '.join(cand)}: mean Dice {s.mean:.4f}")
-        scored.append((cand, s, maps))
+        scored.append((cand, s, maps[cand]))
     best_cand, best, maps = min(scored, key=lambda t: (-t[1].mean, len(t[0]), t[0]))
     post = postprocessing(maps, refs, plan, best)
     return {

@@ -280,15 +280,15 @@ def _sized_by_voxjet(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
 
 
 def _sized_by_resenc(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
+    import torch
+
+    from voxjet.volumes.models import build_resenc
     from voxjet.volumes.planning import GIB, estimate_bytes
     from voxjet.volumes.resenc import plan_resenc_dataset
 
     sized = plan_resenc_dataset(fp["spacings"], fp["shapes"], len(ds.channels), ds.num_outputs,
                                 cfg.plan, cfg.gpu_memory_gb, spacing=cfg.target_spacing,
                                 patch=cfg.patch_size)  # fmt: skip
-    import torch
-
-    from voxjet.volumes.models import build_resenc
 
     with torch.device("meta"):
         net = build_resenc(len(ds.channels), ds.num_outputs, sized["network"])

@@ -54,23 +54,24 @@ def nnunet_plans(msd: Path, root: Path, scale: int = 1) -> dict:
         fp["shapes_after_crop"] = [[n * scale for n in s] for s in fp["shapes_after_crop"]]
         (prep / "dataset_fingerprint.json").write_text(json.dumps(fp))
     kept = {k: fp[k] for k in ("spacings", "shapes_after_crop")}
-    out = {"fingerprint": kept, "scale": scale, "plans": {}}
+    out = {"fingerprint": kept, "scale": scale, "plans": {}, "plans_2d": {}}
     for preset, planner in PLANNERS.items():
         subprocess.run([str(exe / "nnUNetv2_plan_experiment"), "-d", d, "-pl", planner], **run)
         name = {"resenc_m": "M", "resenc_l": "L", "resenc_xl": "XL"}[preset]
         plans = json.loads((prep / f"nnUNetResEncUNet{name}Plans.json").read_text())
-        full = plans["configurations"]["3d_fullres"]
-        arch = full["architecture"]["arch_kwargs"]
-        out["plans"][preset] = {
-            "patch_size": full["patch_size"],
-            "batch_size": full["batch_size"],
-            "spacing": full["spacing"],
-            "strides": arch["strides"],
-            "kernels": arch["kernel_sizes"],
-            "features_per_stage": arch["features_per_stage"],
-            "n_blocks_per_stage": arch["n_blocks_per_stage"],
-            "transpose_forward": plans["transpose_forward"],
-        }
+        for key, conf in (("plans", "3d_fullres"), ("plans_2d", "2d")):
+            c = plans["configurations"][conf]
+            arch = c["architecture"]["arch_kwargs"]
+            out[key][preset] = {
+                "patch_size": c["patch_size"],
+                "batch_size": c["batch_size"],
+                "spacing": c["spacing"],
+                "strides": arch["strides"],
+                "kernels": arch["kernel_sizes"],
+                "features_per_stage": arch["features_per_stage"],
+                "n_blocks_per_stage": arch["n_blocks_per_stage"],
+                "transpose_forward": plans["transpose_forward"],
+            }
     return out
 
 
@@ -81,6 +82,28 @@ def voxjet_from(fingerprint: dict, preset: str, in_channels: int = 1, outputs: i
     sp = [list(reversed(s)) for s in fingerprint["spacings"]]
     sh = [list(reversed(s)) for s in fingerprint["shapes_after_crop"]]
     return plan_resenc_dataset(sp, sh, in_channels, outputs, preset)
+
+
+def voxjet_2d_from(fingerprint: dict, preset: str, in_channels: int = 1,
+                   outputs: int = 3) -> dict:  # fmt: skip
+    """voxjet's 2d configuration from nnU-Net's fingerprint, in nnU-Net's axis order."""
+    import numpy as np
+
+    from voxjet.volumes.configurations import in_plane, plan_2d
+
+    sized = voxjet_from(fingerprint, preset, in_channels, outputs)
+    voxels = float(np.prod(sized["median_shape_resampled"]) * len(fingerprint["spacings"]))
+    c = plan_2d(sized, voxels, in_channels, outputs, preset, sized["gpu_memory_gb"], 4)
+    order = sized["nnunet_axes"]
+    uv = in_plane(c["slice_axis"])
+    to_nn = [uv.index(a) for a in order[1:]]
+    return {
+        "patch_size": c["nnunet_patch_size"],
+        "batch_size": c["batch_size"],
+        "strides": [[s[i] for i in to_nn] for s in c["network"]["strides"]],
+        "kernels": [[k[i] for i in to_nn] for k in c["network"]["kernels"]],
+        "slice_axis": c["slice_axis"],
+    }
 
 
 def in_nnunet_axes(plan: dict) -> dict:
@@ -128,9 +151,17 @@ def main() -> None:
             if name == "toy_ct":
                 rows.append(("voxjet, its own fingerprint", own[preset]))
             for who, p in rows:
-                same = all(
-                    p[k] == theirs[k] for k in ("patch_size", "batch_size", "strides", "kernels")
-                )
+                same = all(p[k] == theirs[k] for k in COMPARED)
+                print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
+                      f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
+    print("\n2d configurations\n")
+    print("| cases | preset | planner | patch (nnU-Net's axes) | batch | stages | as nnU-Net's |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ref in refs.items():
+        for preset, theirs in ref["plans_2d"].items():
+            mine = voxjet_2d_from(ref["fingerprint"], preset)
+            for who, p in (("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)):
+                same = all(p[k] == theirs[k] for k in COMPARED)
                 print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
                       f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
     if args.record:

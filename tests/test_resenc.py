@@ -65,6 +65,23 @@ def test_presets_plan_what_nnunet_plans_for_the_same_fingerprint(nnunet_referenc
         )
 
 
+@pytest.mark.parametrize("cases", ["toy_ct", "toy_ct_x6"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_2d_configurations_are_nnunets_for_the_same_fingerprint(nnunet_reference, cases, preset):
+    """The 2d configuration each preset plans beside 3d_fullres: patch, batch, strides and
+    kernels equal nnU-Net's (a whole slice and a batch of 316 for the toy set; 448² and the
+    batch each memory target allows for the large cases)."""
+    refs, source = nnunet_reference
+    ref = refs[cases]
+    theirs = ref["plans_2d"][preset]
+    mine = resenc_plans.voxjet_2d_from(ref["fingerprint"], preset)
+    assert mine.pop("slice_axis") == 2  # nnU-Net's first axis, z: the toy CT's thick one
+    for key in mine:
+        assert mine[key] == theirs[key], (
+            f"{key} ({source}): voxjet {mine[key]}, nnU-Net {theirs[key]}"
+        )
+
+
 def test_the_large_cases_give_each_preset_its_own_patch(nnunet_reference):
     """The x6 case is where the memory target decides (so the test above can fail)."""
     plans = nnunet_reference[0]["toy_ct_x6"]["plans"]

@@ -198,6 +198,16 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
         )
     if exp.get("folds") and domain != "volumes":
         raise VoxjetError(f"{where}.folds': cross-validation folds are for volumes datasets")
+    conf = exp.get("configuration", "3d_fullres")
+    if conf != "3d_fullres":
+        if domain != "volumes":
+            raise VoxjetError(f"{where}.configuration': {conf} is a segmentation configuration; "
+                              f"dataset {exp['dataset']!r} holds {domain}")  # fmt: skip
+        if int((exp.get("train") or {}).get("pipeline_stages") or 1) > 1:
+            raise VoxjetError(
+                f"{where}.train.pipeline_stages': a {conf} network is not cut into pipeline "
+                "stages; set 1 (or configuration: 3d_fullres)"
+            )
     if model == "resenc":
         import importlib.util
 
@@ -373,6 +383,8 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
                         "sweep values that differ only in punctuation distinct names"
                     )
                 cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
+                if exp.get("configuration", "3d_fullres") != "3d_fullres":
+                    cfg["configuration"] = exp["configuration"]
                 info = {**params, **({"repeat": repeat} if repeat else {}),
                         **({"fold": fold} if fold is not None else {})}  # fmt: skip
                 runs[run_id] = Run(run_id, name, exp["dataset"], domain, info, cfg)

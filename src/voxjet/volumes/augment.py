@@ -321,7 +321,8 @@ def augment_batch(image: torch.Tensor, label: torch.Tensor, params: dict[str, np
     for i, ch in _pairs((params["blur"] > 0).any(-1)):
         x = image[i, ch]
         for axis in range(3):
-            x = blur_axis(x, float(params["blur"][i, ch, axis]), axis)
+            if patch[axis] > 1:  # a 2d configuration's slices blur in-plane
+                x = blur_axis(x, float(params["blur"][i, ch, axis]), axis)
         image[i, ch] = x
     for i, ch in _pairs(params["brightness"] != 1):
         image[i, ch].mul_(float(params["brightness"][i, ch]))

@@ -28,12 +28,13 @@ def predict_probs(
 ) -> torch.Tensor:
     """[C, X, Y, Z] probabilities of one preprocessed image [C, X, Y, Z] (on the CPU): MONAI's
     sliding window with Gaussian weighting; with `mirror`, averaged over all 8 axis flips
-    (nnU-Net's test-time mirroring)."""
+    (nnU-Net's test-time mirroring; 4 in-plane for a 2d configuration's one-voxel patches)."""
     model.eval()
     x = torch.from_numpy(np.ascontiguousarray(image)[None]).to(device)
     flips = [()]
-    if mirror:
-        flips = [c for r in range(4) for c in itertools.combinations((2, 3, 4), r)]
+    if mirror:  # not along a 2d configuration's slice axis (one voxel: nothing to mirror)
+        axes = [2 + a for a, p in enumerate(patch_size) if p > 1]
+        flips = [c for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
     probs = None
     for axes in flips:
         xi = torch.flip(x, axes) if axes else x

@@ -22,10 +22,12 @@ def build_unet(
     channels: list[int],
     num_res_units: int = 1,
     dropout: float = 0.0,
+    spatial_dims: int = 3,
 ) -> nn.Module:
-    """A MONAI 3D U-Net; one stride-2 level between each pair of channel counts."""
+    """A MONAI U-Net (3D, or 2D for a 2d configuration); one stride-2 level between each pair
+    of channel counts."""
     return UNet(
-        spatial_dims=3,
+        spatial_dims=spatial_dims,
         in_channels=in_channels,
         out_channels=out_channels,
         channels=tuple(channels),
@@ -46,13 +48,14 @@ def build_dynunet(
     res_block: bool = False,
     dropout: float = 0.0,
 ) -> nn.Module:
-    """MONAI's DynUNet with a topology from the plan (kernels and strides a level)."""
+    """MONAI's DynUNet with a topology from the plan (kernels and strides a level; 2D when they
+    have two axes)."""
     if len(filters) != len(strides):
         raise VoxjetError(
             f"dynunet: {len(filters)} filters for {len(strides)} levels; give one width a level"
         )
     return DynUNet(
-        spatial_dims=3,
+        spatial_dims=len(strides[0]),
         in_channels=in_channels,
         out_channels=out_channels,
         kernel_size=kernels,
@@ -134,6 +137,28 @@ def build_resenc(in_channels: int, out_channels: int, network: dict,
     return ResEncUNet(in_channels, out_channels, network, deep_supervision)
 
 
+class SliceWise(nn.Module):
+    """A 2D network applied to every slice of a volume along `axis` (0-2 of [B, C, X, Y, Z]):
+    nnU-Net's 2d configuration in voxjet's 3D pipeline. Patches one voxel thick along the axis
+    train it, the sliding window predicts slice by slice, and everything between (sampler,
+    losses, evaluation, export) sees 3D tensors. Deep-supervision outputs [B, heads, C, …] keep
+    their heads axis."""
+
+    def __init__(self, net: nn.Module, axis: int) -> None:
+        super().__init__()
+        self.net = net
+        self.axis = axis
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = 2 + self.axis
+        b, n = x.shape[0], x.shape[a]
+        slices = x.movedim(a, 1)  # [B, N, C, u, v]
+        out = self.net(slices.reshape(b * n, *slices.shape[2:]))
+        out = out.reshape(b, n, *out.shape[1:])  # [B, N, (heads,) C', u, v]
+        # the slice axis back among the spatial ones (after heads and channels)
+        return out.movedim(1, out.dim() - 2 + self.axis - 1)
+
+
 MODEL_KEYS = {
     "unet": ("channels", "num_res_units", "dropout"),
     "dynunet": ("filters", "deep_supervision", "res_block", "dropout"),
@@ -148,11 +173,15 @@ def build_seg_model(cfg: dict[str, Any]) -> nn.Module:
     if name not in MODEL_KEYS:
         raise VoxjetError(f"model {name!r} is no segmentation model; use unet, dynunet or resenc")
     keys = {k: cfg[k] for k in MODEL_KEYS[name] if k in cfg and cfg[k] is not None}
+    axis = cfg.get("slice_axis")  # a 2d configuration's: a 2D network applied slice-wise
     if name == "unet":
-        return build_unet(cfg["in_channels"], cfg["out_channels"], **keys)
-    net = cfg["network"]
-    if name == "resenc":
-        return build_resenc(cfg["in_channels"], cfg["out_channels"], net, **keys)
-    keys.setdefault("filters", net["filters"])
-    return build_dynunet(cfg["in_channels"], cfg["out_channels"], net["kernels"],
-                         net["strides"], **keys)  # fmt: skip
+        net = build_unet(cfg["in_channels"], cfg["out_channels"], **keys,
+                         spatial_dims=3 if axis is None else 2)  # fmt: skip
+    elif name == "resenc":
+        net = build_resenc(cfg["in_channels"], cfg["out_channels"], cfg["network"], **keys)
+    else:
+        topo = cfg["network"]
+        keys.setdefault("filters", topo["filters"])
+        net = build_dynunet(cfg["in_channels"], cfg["out_channels"], topo["kernels"],
+                            topo["strides"], **keys)  # fmt: skip
+    return net if axis is None else SliceWise(net, int(axis))

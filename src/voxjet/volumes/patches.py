@@ -25,6 +25,7 @@ from voxjet.volumes.augment import (
     P_ROTATE,
     P_SCALE,
     ROTATE,
+    ROTATE_IN_PLANE,
     SCALE,
     AugmentGeometry,
     cut_sizes,
@@ -212,26 +213,35 @@ def draw_centre(
 # these probabilities to a patch read larger (so turning it brings in no empty corners), then
 # Gaussian noise and blur, brightness, contrast, low resolution simulated, gamma, and mirroring.
 # `train.augment_on: device` applies the same recipe to whole batches (voxjet.volumes.augment).
-def make_spatial(patch: np.ndarray, rotate: bool, scale: bool, anisotropic: bool):
+def make_spatial(patch: np.ndarray, rotate: bool, scale: bool, coarse_axis: int | None = None,
+                 thin: bool = False):  # fmt: skip
     """MONAI's RandAffined onto the patch's grid (its centre), applied for sure (the caller
-    decided, so it could read a larger region only when needed)."""
+    decided, so it could read a larger region only when needed). Thick-slice data (an axis much
+    coarser) turns only about that axis, as nnU-Net does; a 2d configuration's patches (`thin`:
+    one voxel along it) turn all the way round and are scaled in-plane only."""
     from monai.transforms import RandAffined
 
-    # thick-slice data (an axis much coarser) turns only in-plane, as nnU-Net does
-    angles = (0.0, 0.0, ROTATE) if anisotropic else (ROTATE, ROTATE, ROTATE)
+    angles = [ROTATE] * 3
+    if coarse_axis is not None:
+        angles = [0.0] * 3
+        angles[coarse_axis] = ROTATE_IN_PLANE if thin else ROTATE
+    scales = [(SCALE[0] - 1, SCALE[1] - 1)] * 3
+    if thin:
+        scales[coarse_axis] = (0.0, 0.0)
     return RandAffined(
         keys=["image", "label"],
         prob=1.0,
         rotate_range=angles if rotate else None,
-        scale_range=[(SCALE[0] - 1, SCALE[1] - 1)] * 3 if scale else None,
+        scale_range=scales if scale else None,
         spatial_size=[int(p) for p in patch],
         mode=("bilinear", "nearest"),
         padding_mode="zeros",
     )
 
 
-def make_intensity():
-    """The intensity and mirroring part of nnU-Net's augmentation."""
+def make_intensity(thin_axis: int | None = None):
+    """The intensity and mirroring part of nnU-Net's augmentation (a 2d configuration's
+    patches blurred in-plane only: `thin_axis` is one voxel thick)."""
     from monai.transforms import (
         Compose,
         RandAdjustContrastd,
@@ -243,12 +253,12 @@ def make_intensity():
     )
 
     keys = ["image", "label"]
+    sigmas = {f"sigma_{a}": (0.0, 0.0) if i == thin_axis else (0.5, 1.0)
+              for i, a in enumerate("xyz")}  # fmt: skip
     return Compose(
         [
             RandGaussianNoised("image", prob=0.1, std=0.1),
-            RandGaussianSmoothd(
-                "image", prob=0.2, sigma_x=(0.5, 1.0), sigma_y=(0.5, 1.0), sigma_z=(0.5, 1.0)
-            ),  # fmt: skip
+            RandGaussianSmoothd("image", prob=0.2, **sigmas),
             RandScaleIntensityd("image", factors=0.25, prob=0.15),  # brightness 0.75-1.25
             # the image alone, as nnU-Net does: a label is never interpolated
             RandSimulateLowResolutiond("image", prob=0.25, zoom_range=(0.5, 1.0)),
@@ -275,6 +285,7 @@ class PatchSampler:
         augment: bool = False,
         spacing: list[float] | None = None,
         augment_on: str = "loader",
+        slice_axis: int | None = None,
     ) -> None:
         self.store = store
         self.patch = np.array(patch_size, int)
@@ -287,10 +298,16 @@ class PatchSampler:
         self.on_device = augment and augment_on == "device"
         self.spacing = spacing
         self.big = np.ceil(self.patch * MARGIN).astype(int)
-        # thick-slice data as the device path decides it (one threshold for both paths)
-        self.anisotropic = AugmentGeometry.from_spacing(1, spacing).coarse_axis is not None
+        # a 2d configuration's patches are slices: turned in their plane, nothing read beside
+        self.thin = slice_axis is not None
+        if self.thin:
+            self.big[slice_axis] = self.patch[slice_axis]
+            self.coarse: int | None = slice_axis
+        else:  # thick-slice data as the device path decides it (one threshold for both paths)
+            self.coarse = AugmentGeometry.from_spacing(1, spacing).coarse_axis
         self._spatial: dict = {}
-        self._intensity = make_intensity() if augment and not self.on_device else None
+        self._intensity = (make_intensity(slice_axis) if augment and not self.on_device
+                           else None)  # fmt: skip
 
     def cases(self, rank: int, epoch: int, index: int) -> list[str]:
         """The cases the batch at this position draws its patches from (known before any
@@ -304,7 +321,7 @@ class PatchSampler:
     def _spatial_tf(self, rotate: bool, scale: bool):
         key = (rotate, scale)
         if key not in self._spatial:
-            self._spatial[key] = make_spatial(self.patch, rotate, scale, self.anisotropic)
+            self._spatial[key] = make_spatial(self.patch, rotate, scale, self.coarse, self.thin)
         return self._spatial[key]
 
     def batch(self, rank: int, epoch: int, index: int, alloc=None) -> dict[str, torch.Tensor]:
@@ -325,7 +342,7 @@ class PatchSampler:
                 specs = {"image": ((self.batch_size, image.shape[0], *self.patch), np.float32),
                          "label": ((self.batch_size, 1, *self.patch), np.uint8)}  # fmt: skip
                 if self.on_device:
-                    geometry = AugmentGeometry.from_spacing(image.shape[0], self.spacing)
+                    geometry = AugmentGeometry(image.shape[0], self.coarse)
                     params = draw_batch((self.seed, rank, epoch, index), self.batch_size,
                                         geometry)  # fmt: skip
                     k = int(params["aug_spatial"].sum())

@@ -47,16 +47,17 @@ def resampled_shapes(shapes: list[list[int]], spacings: list[list[float]],
 
 
 def topology(spacing: list[float], patch: list[int], max_levels: int) -> dict:
-    """Kernel sizes and strides a level (the first level's stride 1), nnU-Net's rule."""
+    """Kernel sizes and strides a level (the first level's stride 1), nnU-Net's rule; as many
+    axes as the spacing has (3D, or a 2D configuration's in-plane two)."""
     sp = np.asarray(spacing, float)
     size = np.asarray(patch, int)
 
     def kernel(s: np.ndarray) -> list[int]:
         return [3 if si <= 2 * s.min() else 1 for si in s]
 
-    kernels, strides = [kernel(sp)], [[1, 1, 1]]
+    kernels, strides = [kernel(sp)], [[1] * len(sp)]
     for _ in range(max_levels):
-        can = [bool(sp[i] <= 2 * sp.min() and size[i] // 2 >= MIN_FEATURE) for i in range(3)]
+        can = [bool(sp[i] <= 2 * sp.min() and size[i] // 2 >= MIN_FEATURE) for i in range(len(sp))]
         if not any(can):
             break
         st = [2 if c else 1 for c in can]
@@ -195,11 +196,13 @@ def plan_patch_and_batch(
 
 
 def check_model_against_plan(model_cfg: dict, plan: dict, where: str) -> None:
-    """A U-Net's depth must suit the plan's patch: every patch axis divisible by 2^levels."""
+    """A U-Net's depth must suit the plan's patch: every patch axis divisible by 2^levels (a
+    2D configuration's slice axis, one voxel thick, aside)."""
     if model_cfg.get("name") != "unet":
         return
     levels = len(model_cfg["channels"]) - 1
-    bad = [p for p in plan["patch_size"] if p % 2**levels]
+    thin = plan.get("slice_axis")
+    bad = [p for a, p in enumerate(plan["patch_size"]) if a != thin and p % 2**levels]
     if bad:
         raise VoxjetError(
             f"{where}: a U-Net of {levels + 1} levels halves each axis {levels} times, but the "

@@ -300,11 +300,28 @@ def _sized_by_resenc(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
 def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     """Target spacing, the resampled median case, topology, patch, batch and pipeline stages
     (voxjet's planner, voxjet.volumes.planning, or a ResEnc preset of nnU-Net's,
-    voxjet.volumes.resenc), the label set and each channel's normalisation."""
+    voxjet.volumes.resenc), the 2d configuration beside (voxjet.volumes.configurations), the
+    label set and each channel's normalisation."""
+    from voxjet.volumes.configurations import dataset_voxels, plan_2d
     from voxjet.volumes.planning import GIB, choose_storage, node_memory_bytes, resampled_shapes
 
     sized = (_sized_by_voxjet if cfg.plan == "voxjet" else _sized_by_resenc)(fp, ds, cfg)
     shapes = resampled_shapes(fp["shapes"], fp["spacings"], sized["target_spacing"])
+    # nnU-Net sizes a ResEnc batch's dataset share by the median case times the cases
+    voxels = (dataset_voxels(shapes) if cfg.plan == "voxjet"
+              else float(np.prod(sized["median_shape_resampled"]) * len(shapes)))  # fmt: skip
+    configurations = {
+        "2d": plan_2d(
+            sized,
+            voxels,
+            len(ds.channels),
+            ds.num_outputs,
+            cfg.plan,
+            sized["gpu_memory_gb"],
+            cfg.network_depth,
+            cfg.plan_channels,
+        )  # fmt: skip
+    }
     # float32 a channel and a uint8 label a voxel, as training reads them
     decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
     memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()
@@ -321,6 +338,7 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
         "modality": ds.modality,
         "normalization": ds.normalizations,
         "storage": choose_storage(cfg.storage, decoded, memory),
+        "configurations": configurations,
     }
 
 

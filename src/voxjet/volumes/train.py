@@ -1,8 +1,9 @@
-"""`voxjet train-seg`: patch-based 3D segmentation through the shared training loop: DiceCE
-on class labels (softmax) or on region masks (sigmoid, region-based datasets, as nnU-Net trains
-them), deep supervision on DynUNet's decoder outputs where asked, the plan's network, k-fold
-cross-validation runs, and patches made by DataLoader workers with nnU-Net's augmentation (applied
-there, or to whole batches on the training device: `train.augment_on`)."""
+"""`voxjet train-seg`: patch-based segmentation (3D, or the 2d configuration's slices)
+through the shared training loop: DiceCE on class labels (softmax) or on region masks (sigmoid,
+region-based datasets, as nnU-Net trains them), deep supervision on the decoder outputs where
+asked, the plan's network, k-fold cross-validation runs, and patches made by DataLoader workers
+with nnU-Net's augmentation (applied there, or to whole batches on the training device:
+`train.augment_on`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from voxjet.errors import VoxjetError
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
+from voxjet.volumes.configurations import effective_plan
 from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import CaseStore, PatchBatches, PatchSampler, case_sizes
@@ -59,10 +61,12 @@ class SegTask:
         model_cfg: dict[str, Any],
         s: TrainSettings,
         read: ReadOptions | None = None,
+        configuration: str = "3d_fullres",
     ) -> None:
         self.dir = str(cases_dir)  # a folder or an fsspec URL
         r = read or ReadOptions()
-        self.plan = read_json_at(self.dir, "plan.json", r)
+        self.plan = effective_plan(read_json_at(self.dir, "plan.json", r), configuration,
+                                   f"{self.dir}/plan.json")  # fmt: skip
         self.fingerprint = read_json_at(self.dir, "fingerprint.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
         seed = self.plan.get("config", {}).get("seed", 42)
@@ -87,6 +91,7 @@ class SegTask:
             augment=s.augment,
             spacing=self.plan["target_spacing"],
             augment_on=s.augment_on,
+            slice_axis=self.plan.get("slice_axis"),
         )
         self.s = s
         self.iterations = s.iterations_per_epoch
@@ -99,6 +104,13 @@ class SegTask:
             "in_channels": int(channels),
             "out_channels": int(self.plan.get("num_outputs", self.plan["num_classes"])),
         }
+        if "slice_axis" in self.plan:  # a 2d configuration: the 2D network slice by slice
+            self.model_cfg["slice_axis"] = int(self.plan["slice_axis"])
+            if s.pipeline_stages > 1:
+                raise VoxjetError(
+                    f"configuration {configuration} and train.pipeline_stages > 1: a 2D "
+                    "network is not cut into pipeline stages; set train.pipeline_stages: 1"
+                )
         if self.model_cfg["name"] == "resenc":
             self.model_cfg["network"] = self.plan["network"]
             if s.pipeline_stages > 1:
@@ -263,8 +275,12 @@ def make_task(cases_dir: str, run_config: dict[str, Any],
         from voxjet.distributed.gpus import job_device
 
         s.augment_on = "device" if job_device() == "cuda" else "loader"
+    configuration = run_config.get("configuration", "3d_fullres")
     if s.batch_size is None:  # the plan's, from the GPU memory budget
-        s.batch_size = int(read_json_at(cases_dir, "plan.json", opts)["batch_size"])
-    task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts)
+        plan = effective_plan(read_json_at(cases_dir, "plan.json", opts), configuration,
+                              f"{cases_dir}/plan.json")  # fmt: skip
+        s.batch_size = int(plan["batch_size"])
+    task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts,
+                   configuration=configuration)  # fmt: skip
     task.experiment = run_config.get("experiment", "")
     return task, s

@@ -1,0 +1,104 @@
+"""nnU-Net's configurations beside `3d_fullres`: `2d`, a 2D network trained on slices along the
+plan's out-of-plane axis (the coarsest; for thick-slice data the one whose neighbours a 3D
+kernel would blur), planned as nnU-Net plans it — the fullres spacing and median case without
+that axis, the patch and batch sized to the same memory target by the dataset's planner.
+
+A configuration is stored in plan.json under `configurations`, and `effective_plan` gives the
+plan a run of it trains and predicts with: the 2d patch is kept 3D, one voxel thick along the
+slice axis, so sampling, sliding-window inference, evaluation and export stay those of the 3D
+configuration, and the model (voxjet.volumes.models.SliceWise) applies its 2D network a slice
+at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from voxjet.errors import VoxjetError
+
+CONFIGURATIONS = ("3d_fullres", "2d")
+
+
+def slice_axis(spacing: list[float]) -> int:
+    """The RAS axis a 2d configuration slices along: nnU-Net's first axis (the coarsest
+    spacing, the first of equals in its z, y, x order)."""
+    from voxjet.volumes.resenc import nnunet_axes
+
+    return nnunet_axes(list(spacing))[0]
+
+
+def in_plane(axis: int) -> list[int]:
+    """The two RAS axes of a slice, in order (the 2D network's u, v)."""
+    return [a for a in range(3) if a != axis]
+
+
+def _thicken(patch2d: list[int], axis: int) -> list[int]:
+    patch = list(patch2d)
+    patch.insert(axis, 1)
+    return [int(p) for p in patch]
+
+
+def _sized_2d_voxjet(sized: dict, dataset_voxels: float, in_channels: int, out_channels: int,
+                     budget_gb: float, depth: int, filters: list[int] | None) -> dict:  # fmt: skip
+    from voxjet.volumes.planning import plan_patch_and_batch
+
+    axis = slice_axis(sized["target_spacing"])
+    uv = in_plane(axis)
+    spacing = [sized["target_spacing"][a] for a in uv]
+    median = [sized["median_shape_resampled"][a] for a in uv]
+    out = plan_patch_and_batch(spacing, median, dataset_voxels, in_channels, out_channels,
+                               budget_gb, depth, filters=filters)  # fmt: skip
+    return {**out, "slice_axis": axis, "patch_size": _thicken(out["patch_size"], axis)}
+
+
+def _sized_2d_resenc(sized: dict, dataset_voxels: float, in_channels: int, out_channels: int,
+                     preset: str, gpu_memory_gb: float | None) -> dict:  # fmt: skip
+    from voxjet.volumes.resenc import plan_resenc
+
+    order = sized["nnunet_axes"]
+    axis = order[0]
+    # nnU-Net plans the slice in its own order of the two in-plane axes; voxjet's is RAS
+    nn2d = order[1:]
+    out = plan_resenc([sized["target_spacing"][a] for a in nn2d],
+                      [sized["median_shape_resampled"][a] for a in nn2d], dataset_voxels,
+                      in_channels, out_channels, preset, gpu_memory_gb)  # fmt: skip
+    back = [nn2d.index(a) for a in in_plane(axis)]
+    network = dict(out["network"])
+    for key in ("kernels", "strides"):
+        network[key] = [[row[i] for i in back] for row in network[key]]
+    patch = [out["patch_size"][i] for i in back]
+    return {**out, "network": network, "slice_axis": axis, "patch_size": _thicken(patch, axis),
+            "nnunet_patch_size": out["patch_size"], "pipeline_stages": 1,
+            "micro_batches": 1}  # fmt: skip
+
+
+def plan_2d(sized: dict, dataset_voxels: float, in_channels: int, out_channels: int,
+            planner: str, gpu_memory_gb: float, depth: int,
+            filters: list[int] | None = None) -> dict:  # fmt: skip
+    """The 2d configuration for a dataset whose 3d_fullres plan is `sized` (target spacing,
+    resampled median case; for a ResEnc preset also nnU-Net's axis order): slice axis, patch
+    (one voxel thick along it), batch and 2D network, sized by the same planner and memory."""
+    if planner == "voxjet":
+        return _sized_2d_voxjet(sized, dataset_voxels, in_channels, out_channels,
+                                gpu_memory_gb, depth, filters)  # fmt: skip
+    return _sized_2d_resenc(sized, dataset_voxels, in_channels, out_channels, planner,
+                            gpu_memory_gb)  # fmt: skip
+
+
+def effective_plan(plan: dict, configuration: str, where: str) -> dict:
+    """The plan a run of `configuration` trains and predicts with: 3d_fullres as planned, any
+    other with its patch, batch and network in place of the fullres ones."""
+    if configuration == "3d_fullres":
+        return {**plan, "configuration": "3d_fullres"}
+    planned = plan.get("configurations", {})
+    if configuration not in planned:
+        raise VoxjetError(
+            f"{where}: the plan has no {configuration!r} configuration (it has "
+            f"{['3d_fullres', *sorted(planned)]}); rerun the plan_volumes rule with this "
+            "voxjet (snakemake -R plan_volumes), or choose another experiment configuration"
+        )
+    return {**plan, **planned[configuration], "configuration": configuration}
+
+
+def dataset_voxels(shapes: np.ndarray) -> float:
+    """The voxels of all cases once resampled (what the batch's dataset share is taken of)."""
+    return float(np.prod(np.asarray(shapes, dtype=np.float64), axis=1).sum())

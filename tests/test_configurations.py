@@ -1,0 +1,182 @@
+"""nnU-Net's 2d configuration: planned beside 3d_fullres for every dataset (the slice axis the
+coarsest), a 2D network applied slice by slice, patches that never mix slices (loader and
+device augmentation), and a run that trains, evaluates and predicts with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from voxjet.errors import VoxjetError
+from voxjet.volumes.configurations import effective_plan, plan_2d, slice_axis
+from voxjet.volumes.models import build_seg_model
+from voxjet.volumes.patches import PatchSampler
+from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+
+NET2D = {"kernels": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "filters": [4, 8, 16]}
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("deep", [False, True])
+def test_the_2d_network_is_applied_to_every_slice_along_its_axis(axis, deep):
+    cfg = {"name": "dynunet", "in_channels": 2, "out_channels": 3, "slice_axis": axis,
+           "network": NET2D, "deep_supervision": deep}  # fmt: skip
+    model = build_seg_model(cfg).train(deep)
+    x = torch.randn(2, 2, 8, 12, 16)
+    with torch.no_grad():
+        out = model(x)
+        # by hand: each slice through the 2D network, stacked back along the axis
+        ref = torch.stack([model.net(x.select(2 + axis, k)) for k in range(x.shape[2 + axis])],
+                          dim=(3 if deep else 2) + axis)  # fmt: skip
+    assert out.shape == ((2, 2, 3, 8, 12, 16) if deep else (2, 3, 8, 12, 16))
+    assert torch.equal(out, ref)
+
+
+def _sized(spacing: list[float], median: list[float]) -> dict:
+    return {"target_spacing": spacing, "median_shape_resampled": median, "gpu_memory_gb": 8}
+
+
+@pytest.mark.parametrize(
+    "spacing,median,axis",
+    [
+        ([0.8, 0.8, 5.0], [256, 256, 40], 2),  # thick axial slices
+        ([4.0, 0.7, 0.7], [30, 200, 180], 0),  # thick sagittal slices (another orientation)
+        ([1.0, 1.0, 1.0], [90, 110, 90], 2),  # isotropic: nnU-Net's first axis (z)
+    ],
+)
+def test_a_2d_configuration_slices_along_the_coarsest_axis(spacing, median, axis):
+    c = plan_2d(_sized(spacing, median), 50 * np.prod(median), 1, 3, "voxjet", 8.0, 4)
+    assert slice_axis(spacing) == axis and c["slice_axis"] == axis
+    patch = c["patch_size"]
+    assert patch[axis] == 1 and len(patch) == 3
+    in_plane = [p for a, p in enumerate(patch) if a != axis]
+    median2 = [m for a, m in enumerate(median) if a != axis]
+    assert all(p <= m + 16 for p, m in zip(in_plane, median2, strict=True))
+    assert all(len(s) == 2 for s in c["network"]["strides"]) and c["batch_size"] >= 2
+    # a 2D network of the plan runs on it, through the slice-wise model, in the memory planned
+    model = build_seg_model({"name": "dynunet", "in_channels": 1, "out_channels": 3,
+                             "slice_axis": axis, "network": c["network"]})  # fmt: skip
+    with torch.device("meta"):
+        assert model(torch.empty(1, 1, *patch, device="meta")).shape == (1, 3, *patch)
+
+
+def test_a_plan_without_the_configuration_is_refused_naming_the_rerun():
+    plan = {"patch_size": [32, 32, 16], "configurations": {}}
+    with pytest.raises(VoxjetError, match=r"plan.json: the plan has no '2d' .*-R plan_volumes"):
+        effective_plan(plan, "2d", "cases/plan.json")
+    assert effective_plan(plan, "3d_fullres", "x")["patch_size"] == [32, 32, 16]
+
+
+class _Array:
+    """An in-memory array read as the case stores read theirs (`read(lo, hi, out)`)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a, self.shape, self.dtype = a, a.shape, a.dtype
+
+    def read(self, lo, hi, out=None):
+        got = self.a[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))]
+        if out is None:
+            return got.copy()
+        out[...] = got
+        return out
+
+
+class _SlicedStore:
+    """One case whose label is its slice number along `axis` (1, 2, …): a patch that mixed
+    slices would hold two numbers."""
+
+    remote = prefetching = False
+    case_ids = ["c"]
+
+    def __init__(self, axis: int) -> None:
+        shape = [20, 22, 24]
+        k = np.arange(1, shape[axis] + 1, dtype=np.uint8)
+        self.label = np.broadcast_to(np.expand_dims(k, [a for a in range(3) if a != axis]),
+                                     shape).copy()  # fmt: skip
+        self.image = self.label[None].astype(np.float32)
+
+    def volumes(self, case):
+        return _Array(self.image), _Array(self.label)
+
+    def foreground(self, case):
+        return []
+
+
+@pytest.mark.parametrize("axis", [0, 2])
+@pytest.mark.parametrize("on", ["loader", "device"])
+def test_augmented_2d_patches_never_mix_slices(axis, on):
+    from voxjet.volumes.augment import augment_batch, params_of
+
+    patch = [16, 16, 16]
+    patch[axis] = 1
+    sampler = PatchSampler(_SlicedStore(axis), patch, 8, 0.0, seed=3, augment=True,
+                           spacing=[1.0, 1.0, 1.0], augment_on=on, slice_axis=axis)  # fmt: skip
+    turned = 0
+    for index in range(12):
+        b = sampler.batch(0, 0, index)
+        if on == "device":
+            turned += int(b["aug_spatial"].sum())
+            augment_batch(b["image"], b["label"], params_of(b), (b["big_image"], b["big_label"]))
+        for i, src in enumerate(b["source"]):
+            centre = json.loads(src.split("@")[1])
+            values = set(np.unique(b["label"][i].numpy()).tolist()) - {0}
+            assert values == {centre[axis] + 1}, (src, values)
+    assert on == "loader" or turned > 0
+
+
+def test_a_2d_run_trains_evaluates_and_exports(tmp_path):
+    from voxjet.volumes.bundle import export_torchscript_unet
+    from voxjet.volumes.evaluate import evaluate, load_trained
+    from voxjet.volumes.train import run
+
+    small = ToyVolumesConfig(train_cases=4, test_cases=1, min_shape=(36, 36, 12),
+                             max_shape=(40, 40, 14))  # fmt: skip
+    msd = generate_dataset(tmp_path / "msd", small, progress=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
+    preprocess_dataset(tmp_path / "manifest.json", tmp_path / "cases",
+                       VolumePrepConfig(patch_size=[32, 32, 8], network_depth=2,
+                                        val_fraction=0.25, test_fraction=0.2))  # fmt: skip
+    plan = json.loads((tmp_path / "cases" / "plan.json").read_text())
+    two = plan["configurations"]["2d"]
+    assert two["slice_axis"] == 2 and two["patch_size"][2] == 1  # the toy CT: thick z slices
+    cfg = {"configuration": "2d", "model": {"name": "dynunet", "deep_supervision": True},
+           "train": {"steps": 4, "eval_every": 2, "batch_size": 4, "augment": True}}  # fmt: skip
+    run(str(tmp_path / "cases"), cfg, str(tmp_path / "run"))
+    model, saved = load_trained(tmp_path / "run" / "model.pt")
+    mc = saved["model_config"]
+    assert mc["slice_axis"] == 2 and mc["plan"]["configuration"] == "2d"
+    assert mc["patch_size"] == two["patch_size"]
+    m = evaluate(str(tmp_path / "cases"), str(tmp_path / "run" / "model.pt"),
+                 str(tmp_path / "eval"), mirror=True)  # fmt: skip
+    assert m["n_cases"] == 1 and 0 <= m["dice_mean"] <= 1
+    (cid,) = m["per_case"]
+    with h5py.File(tmp_path / "cases" / f"{cid}.h5") as f:
+        shape = tuple(f.attrs["original_shape"])
+    import nibabel as nib
+
+    assert nib.load(tmp_path / "eval" / "predictions" / f"{cid}.nii.gz").shape == shape
+    assert export_torchscript_unet(model.eval(), mc, tmp_path / "m.ts") < 1e-4
+    # pipeline stages are for 3D networks
+    with pytest.raises(VoxjetError, match="configuration 2d and train.pipeline_stages"):
+        run(str(tmp_path / "cases"), {**cfg, "train": {**cfg["train"], "pipeline_stages": 2}},
+            str(tmp_path / "run2"))  # fmt: skip
+
+
+def test_the_config_check_refuses_2d_where_it_cannot_run(demo_config):
+    from voxjet.config import check_config
+
+    schema = Path(__file__).parents[1] / "config" / "schema.yaml"
+    cfg = json.loads(json.dumps(demo_config))
+    cfg["experiments"]["pfn"]["configuration"] = "2d"
+    with pytest.raises(VoxjetError, match=r"experiments.pfn.configuration': 2d is a segm"):
+        check_config(cfg, schema)
+    cfg = json.loads(json.dumps(demo_config))
+    cfg["experiments"]["unet"].update(configuration="2d", train={"pipeline_stages": 2})
+    with pytest.raises(VoxjetError, match=r"experiments.unet.train.pipeline_stages'"):
+        check_config(cfg, schema)

@@ -180,3 +180,37 @@ def test_the_config_check_refuses_2d_where_it_cannot_run(demo_config):
     cfg["experiments"]["unet"].update(configuration="2d", train={"pipeline_stages": 2})
     with pytest.raises(VoxjetError, match=r"experiments.unet.train.pipeline_stages'"):
         check_config(cfg, schema)
+
+
+@pytest.mark.slow
+def test_the_workflow_cross_validates_2d_beside_3d_and_chooses_between_them(tmp_path):
+    """Real snakemake on tiny data: a 3d_fullres and a 2d experiment, two folds each, every
+    fold validated, then the best configuration chosen among them and their ensemble."""
+    from conftest import copy_workflow, job_counts, run_snakemake, write_config
+
+    wf = copy_workflow(tmp_path / "wf")
+    exp = {"dataset": "ct", "folds": 2, "model": {"name": "dynunet"},
+           "train": {"steps": 2, "eval_every": 2, "batch_size": 2},
+           "launch": {"gpus": 0, "threads": 1}}  # fmt: skip
+    cfg = {
+        "datasets": {
+            "ct": {
+                "domain": "volumes",
+                "source": {"synthetic": {"train_cases": 4, "test_cases": 1}},
+                "volumes": {"patch_size": [32, 32, 16], "network_depth": 2,
+                            "val_fraction": 0.25, "test_fraction": 0.2},
+            }
+        },
+        "experiments": {"fullres": exp, "slices": {**exp, "configuration": "2d"}},
+    }  # fmt: skip
+    write_config(wf / "c.yaml", cfg)
+    args = ["--cores", "2", "--configfile", "c.yaml", "--replace-workflow-config"]
+    r = run_snakemake(wf, *args, "results/ct/best/choice.json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    counts = job_counts(r.stdout + r.stderr)
+    assert counts["train_seg"] == 4 and counts["validate_seg"] == 4
+    choice = json.loads((wf / "results/ct/best/choice.json").read_text())
+    candidates = {tuple(c["configurations"]) for c in choice["candidates"]}
+    assert candidates == {("fullres",), ("slices",), ("fullres", "slices")}
+    saved = torch.load(wf / "results/ct/runs/slices_fold-0/model.pt", weights_only=False)
+    assert saved["model_config"]["plan"]["configuration"] == "2d"

@@ -54,12 +54,19 @@ def nnunet_plans(msd: Path, root: Path, scale: int = 1) -> dict:
         fp["shapes_after_crop"] = [[n * scale for n in s] for s in fp["shapes_after_crop"]]
         (prep / "dataset_fingerprint.json").write_text(json.dumps(fp))
     kept = {k: fp[k] for k in ("spacings", "shapes_after_crop")}
-    out = {"fingerprint": kept, "scale": scale, "plans": {}, "plans_2d": {}}
+    out = {"fingerprint": kept, "scale": scale, "plans": {}, "plans_2d": {}, "plans_lowres": {}}
     for preset, planner in PLANNERS.items():
         subprocess.run([str(exe / "nnUNetv2_plan_experiment"), "-d", d, "-pl", planner], **run)
         name = {"resenc_m": "M", "resenc_l": "L", "resenc_xl": "XL"}[preset]
         plans = json.loads((prep / f"nnUNetResEncUNet{name}Plans.json").read_text())
-        for key, conf in (("plans", "3d_fullres"), ("plans_2d", "2d")):
+        for key, conf in (
+            ("plans", "3d_fullres"),
+            ("plans_2d", "2d"),
+            ("plans_lowres", "3d_lowres"),
+        ):
+            if conf not in plans["configurations"]:  # no 3d_lowres: the patch covers the case
+                out[key][preset] = None
+                continue
             c = plans["configurations"][conf]
             arch = c["architecture"]["arch_kwargs"]
             out[key][preset] = {
@@ -104,6 +111,20 @@ def voxjet_2d_from(fingerprint: dict, preset: str, in_channels: int = 1,
         "kernels": [[k[i] for i in to_nn] for k in c["network"]["kernels"]],
         "slice_axis": c["slice_axis"],
     }
+
+
+def voxjet_lowres_from(fingerprint: dict, preset: str, in_channels: int = 1,
+                       outputs: int = 3) -> dict | None:  # fmt: skip
+    """voxjet's 3d_lowres configuration from nnU-Net's fingerprint (None where it plans
+    none), in nnU-Net's axis order."""
+    from voxjet.volumes.configurations import plan_lowres
+
+    sized = voxjet_from(fingerprint, preset, in_channels, outputs)
+    c = plan_lowres(sized, len(fingerprint["spacings"]), in_channels, outputs, preset,
+                    sized["gpu_memory_gb"], 4)  # fmt: skip
+    if c is None:
+        return None
+    return {**in_nnunet_axes(c), "spacing": [c["target_spacing"][a] for a in c["nnunet_axes"]]}
 
 
 def in_nnunet_axes(plan: dict) -> dict:
@@ -164,6 +185,21 @@ def main() -> None:
                 same = all(p[k] == theirs[k] for k in COMPARED)
                 print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
                       f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
+    print("\n3d_lowres configurations\n")
+    print("| cases | preset | planner | spacing | patch (nnU-Net's axes) | batch | as nnU-Net's |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ref in refs.items():
+        for preset, theirs in ref["plans_lowres"].items():
+            mine = voxjet_lowres_from(ref["fingerprint"], preset)
+            for who, p in (("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)):
+                if p is None:
+                    print(f"| {name} | {preset} | {who} | none | | | "
+                          f"{'yes' if (mine is None) == (theirs is None) else 'NO'} |")  # fmt: skip
+                    continue
+                same = theirs is not None and all(p[k] == theirs[k] for k in COMPARED)
+                sp = ", ".join(f"{x:.3f}" for x in p["spacing"])
+                print(f"| {name} | {preset} | {who} | {sp} | {p['patch_size']} | "
+                      f"{p['batch_size']} | {'yes' if same else 'NO'} |")  # fmt: skip
     if args.record:
         RECORD.parent.mkdir(exist_ok=True)
         RECORD.write_text(json.dumps({"nnunetv2": "2.8.1", **refs}, indent=1) + "\n")

@@ -1,6 +1,7 @@
-"""nnU-Net's 2d configuration: planned beside 3d_fullres for every dataset (the slice axis the
-coarsest), a 2D network applied slice by slice, patches that never mix slices (loader and
-device augmentation), and a run that trains, evaluates and predicts with it."""
+"""nnU-Net's configurations beside 3d_fullres: 2d (planned for every dataset, the slice axis the
+coarsest; a 2D network applied slice by slice, patches that never mix slices in the loader's or
+the device's augmentation) and 3d_lowres (planned by nnU-Net's rule, on its own preprocessed
+cases); runs of each train, evaluate and take part in choosing the best configuration."""
 
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ def test_a_2d_configuration_slices_along_the_coarsest_axis(spacing, median, axis
                              "slice_axis": axis, "network": c["network"]})  # fmt: skip
     with torch.device("meta"):
         assert model(torch.empty(1, 1, *patch, device="meta")).shape == (1, 3, *patch)
+
+
+def test_3d_lowres_only_where_the_patch_covers_less_than_a_quarter_of_the_median_case():
+    from voxjet.volumes.configurations import plan_lowres
+
+    # thick slices, cases 4x the patch in-plane: the fine axes coarsen first (nnU-Net's rule)
+    sized = {"target_spacing": [0.8, 0.8, 3.0], "median_shape_resampled": [256, 256, 40],
+             "patch_size": [64, 64, 48]}  # fmt: skip
+    low = plan_lowres(sized, 20, 1, 3, "voxjet", 8.0, 4, patch=[64, 64, 40])
+    assert low is not None
+    sp, median = low["target_spacing"], low["median_shape_resampled"]
+    assert sp[2] == 3.0 and sp[0] == sp[1] > 0.8  # x and y coarsened, z untouched
+    assert median == [round(256 * 0.8 / sp[0])] * 2 + [40]
+    cover = np.prod(low["patch_size"]) / np.prod(median)
+    before = np.prod(low["patch_size"]) / (40 * (256 * 0.8 / (sp[0] / 1.03)) ** 2)
+    assert before < 0.25 <= cover  # the first spacing, 3% steps, at which the patch covers
+    assert (256 / median[0]) ** 2 >= 2  # at least half the voxels gone, else nnU-Net drops it
+    # the patch covers a quarter already: no low-resolution stage
+    assert plan_lowres({**sized, "patch_size": [128, 128, 40]}, 20, 1, 3, "voxjet", 8.0, 4) is None
 
 
 def test_a_plan_without_the_configuration_is_refused_naming_the_rerun():
@@ -183,9 +203,9 @@ def test_the_config_check_refuses_2d_where_it_cannot_run(demo_config):
 
 
 @pytest.mark.slow
-def test_the_workflow_cross_validates_2d_beside_3d_and_chooses_between_them(tmp_path):
-    """Real snakemake on tiny data: a 3d_fullres and a 2d experiment, two folds each, every
-    fold validated, then the best configuration chosen among them and their ensemble."""
+def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp_path):
+    """Real snakemake on tiny data: 3d_fullres, 2d and 3d_lowres experiments, two folds each,
+    every fold validated, then the best configuration chosen among them and their pairs."""
     from conftest import copy_workflow, job_counts, run_snakemake, write_config
 
     wf = copy_workflow(tmp_path / "wf")
@@ -201,16 +221,29 @@ def test_the_workflow_cross_validates_2d_beside_3d_and_chooses_between_them(tmp_
                             "val_fraction": 0.25, "test_fraction": 0.2},
             }
         },
-        "experiments": {"fullres": exp, "slices": {**exp, "configuration": "2d"}},
+        "experiments": {"fullres": exp, "slices": {**exp, "configuration": "2d"},
+                        "coarse": {**exp, "configuration": "3d_lowres"}},
     }  # fmt: skip
     write_config(wf / "c.yaml", cfg)
     args = ["--cores", "2", "--configfile", "c.yaml", "--replace-workflow-config"]
     r = run_snakemake(wf, *args, "results/ct/best/choice.json")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     counts = job_counts(r.stdout + r.stderr)
-    assert counts["train_seg"] == 4 and counts["validate_seg"] == 4
+    assert counts["train_seg"] == 6 and counts["validate_seg"] == 6
+    assert counts["gather_cases"] == 2  # the cases at full and at low resolution
     choice = json.loads((wf / "results/ct/best/choice.json").read_text())
-    candidates = {tuple(c["configurations"]) for c in choice["candidates"]}
-    assert candidates == {("fullres",), ("slices",), ("fullres", "slices")}
-    saved = torch.load(wf / "results/ct/runs/slices_fold-0/model.pt", weights_only=False)
-    assert saved["model_config"]["plan"]["configuration"] == "2d"
+    candidates = {tuple(sorted(c["configurations"])) for c in choice["candidates"]}
+    names = ("coarse", "fullres", "slices")
+    assert candidates == {(n,) for n in names} | {("coarse", "fullres"), ("coarse", "slices"),
+                                                 ("fullres", "slices")}  # fmt: skip
+    plans = {}
+    for name in names:
+        saved = torch.load(wf / f"results/ct/runs/{name}_fold-0/model.pt", weights_only=False)
+        plans[name] = saved["model_config"]["plan"]
+    assert plans["slices"]["configuration"] == "2d"
+    assert plans["coarse"]["configuration"] == "3d_lowres"
+    # the low-resolution cases at the coarser spacing, every fold's validation on the
+    # original grids (where find_best compared them)
+    with h5py.File(next((wf / "results/ct/cases_3d_lowres").glob("*.h5"))) as f:
+        assert list(f.attrs["spacing"]) == plans["coarse"]["target_spacing"]
+    assert plans["coarse"]["target_spacing"][0] > plans["fullres"]["target_spacing"][0]

@@ -82,11 +82,33 @@ def test_2d_configurations_are_nnunets_for_the_same_fingerprint(nnunet_reference
         )
 
 
+@pytest.mark.parametrize("cases", ["toy_ct", "toy_ct_x6"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_3d_lowres_is_planned_where_and_as_nnunet_plans_it(nnunet_reference, cases, preset):
+    """nnU-Net's 3d_lowres rule: none for the toy set (the patch is the median case), and for
+    the large cases one for ResEnc M only (L's and XL's larger patches cover a quarter of the
+    case) — spacing, patch, batch and topology equal nnU-Net's."""
+    refs, source = nnunet_reference
+    ref = refs[cases]
+    theirs = ref["plans_lowres"][preset]
+    mine = resenc_plans.voxjet_lowres_from(ref["fingerprint"], preset)
+    assert (mine is None) == (theirs is None), f"{source}: voxjet {mine}, nnU-Net {theirs}"
+    if theirs is None:
+        return
+    assert mine.pop("spacing") == pytest.approx(theirs["spacing"]), source
+    for key in ("patch_size", "batch_size", "strides", "kernels"):
+        assert mine[key] == theirs[key], (
+            f"{key} ({source}): voxjet {mine[key]}, nnU-Net {theirs[key]}"
+        )
+
+
 def test_the_large_cases_give_each_preset_its_own_patch(nnunet_reference):
     """The x6 case is where the memory target decides (so the test above can fail)."""
     plans = nnunet_reference[0]["toy_ct_x6"]["plans"]
     patches = {tuple(plans[p]["patch_size"]) for p in PRESETS}
     assert len(patches) == 3
+    # and where a 3d_lowres stage is planned (so the test above compares one)
+    assert nnunet_reference[0]["toy_ct_x6"]["plans_lowres"]["resenc_m"] is not None
 
 
 def test_voxjets_own_fingerprint_of_the_toy_set_is_nnunets(nnunet_reference):

@@ -107,7 +107,8 @@ def _plan_volumes(a: argparse.Namespace) -> None:
 def _preprocess_case(a: argparse.Namespace) -> None:
     from voxjet.volumes.preprocess import preprocess_one
 
-    print(json.dumps(preprocess_one(a.manifest, a.plan, a.case, a.out)), file=sys.stderr)
+    print(json.dumps(preprocess_one(a.manifest, a.plan, a.case, a.out, a.configuration)),
+          file=sys.stderr)  # fmt: skip
 
 
 def _gather_cases(a: argparse.Namespace) -> None:
@@ -303,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--manifest", required=True)
     s.add_argument("--plan", required=True, help="the plan-volumes folder")
     s.add_argument("--case", required=True)
+    s.add_argument("--configuration", default="3d_fullres",
+                   help="the plan's configuration whose spacing the case is resampled to "
+                        "(3d_lowres: the low-resolution stage's)")  # fmt: skip
     s.add_argument("--out", required=True)
     s.set_defaults(func=_preprocess_case)
 

@@ -203,6 +203,12 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
         if domain != "volumes":
             raise VoxjetError(f"{where}.configuration': {conf} is a segmentation configuration; "
                               f"dataset {exp['dataset']!r} holds {domain}")  # fmt: skip
+        if conf == "3d_lowres" and ds.get("source", {}).get("prepared"):
+            raise VoxjetError(
+                f"{where}.configuration': 3d_lowres trains on cases preprocessed at its own "
+                f"spacing, which dataset {exp['dataset']!r} (source.prepared) does not have; "
+                "give the dataset's images as its source, or train 3d_fullres"
+            )
         if int((exp.get("train") or {}).get("pipeline_stages") or 1) > 1:
             raise VoxjetError(
                 f"{where}.train.pipeline_stages': a {conf} network is not cut into pipeline "

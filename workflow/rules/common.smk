@@ -262,10 +262,27 @@ def prepared(name):
     return dataset_cfg(name)["source"].get("prepared")
 
 
+# the folders of case files under results/<dataset>/, and the plan configuration each holds
+CASE_FOLDERS = {"cases": "3d_fullres", "cases_3d_lowres": "3d_lowres"}
+
+
+def cases_folder(dataset, run=None):
+    """The case files a volumes run reads (`cases`, at the plan's full resolution; a 3d_lowres
+    run's `cases_3d_lowres`); without a run, those of the dataset's first fold run."""
+    if run is None:
+        folds = fold_runs(dataset)
+        run = folds[0].run_id if folds else None
+    exp = config["experiments"][RUNS[run].experiment] if run in RUNS else {}
+    return "cases_3d_lowres" if exp.get("configuration") == "3d_lowres" else "cases"
+
+
 def data_location(wildcards):
     """Where training and evaluation read the dataset: its prepared URL, or results/."""
     ds = wildcards.dataset
-    local = "shards" if dataset_cfg(ds)["domain"] == "jets" else "cases"
+    if dataset_cfg(ds)["domain"] == "jets":
+        local = "shards"
+    else:
+        local = cases_folder(ds, getattr(wildcards, "run", None))
     return prepared(ds) or f"results/{ds}/{local}"
 
 
@@ -273,6 +290,14 @@ def data_input(rule_output):
     """The prepared-data input of train/evaluate: the workflow's own output, or nothing when
     the dataset is read from source.prepared (a URL is not a file Snakemake can track)."""
     return lambda wildcards: [] if prepared(wildcards.dataset) else [rule_output]
+
+
+def seg_data_input(wildcards):
+    """The gathered case files a segmentation job reads (data_input for volumes: the folder
+    follows the run's configuration)."""
+    if prepared(wildcards.dataset):
+        return []
+    return [f"{data_location(wildcards)}/cases.json"]
 
 
 def read_options(wildcards):
@@ -398,7 +423,8 @@ def case_ids(name):
 def case_files(wildcards):
     """One preprocessed file a case (a bad case skipped by on_bad_case: skip gets a file that
     says so)."""
-    return [f"results/{wildcards.dataset}/cases/{c}.h5" for c in case_ids(wildcards.dataset)]
+    return [f"results/{wildcards.dataset}/{wildcards.cases}/{c}.h5"
+            for c in case_ids(wildcards.dataset)]  # fmt: skip
 
 
 def fold_runs(dataset=None):
@@ -454,8 +480,10 @@ def plan_inputs():
     out = set()
     for r in RUNS.values():
         if not prepared(r.dataset):
-            made = rules.index_jets.output[0] if r.domain == "jets" else rules.gather_cases.output[0]
-            out.add(made.format(dataset=r.dataset))
+            if r.domain == "jets":
+                out.add(rules.index_jets.output[0].format(dataset=r.dataset))
+            else:
+                out.add(f"results/{r.dataset}/{cases_folder(r.dataset, r.run_id)}/cases.json")
     return sorted(out)
 
 
@@ -464,7 +492,7 @@ def plan_run_list():
     out = []
     for r in RUNS.values():
         processes, gpu, threads = _run_processes(r)
-        where = types.SimpleNamespace(dataset=r.dataset)
+        where = types.SimpleNamespace(dataset=r.dataset, run=r.run_id)
         out.append({"run": r.run_id, "experiment": r.experiment, "domain": r.domain,
                     "data": data_location(where), "read": dataset_cfg(r.dataset)["read"],
                     "config": r.config, "processes": processes, "gpu": gpu, "threads": threads})

@@ -57,11 +57,11 @@ rule evaluate_jets:
 
 rule evaluate_seg:
     input:
-        data=data_input(rules.gather_cases.output[0]),
+        data=seg_data_input,
         model=rules.train_seg.output.model,
         plan=plan_for_auto,
         ledger=ledgers(
-            data_input(rules.gather_cases.output[0]), rules.train_seg.output.model, plan_for_auto
+            seg_data_input, rules.train_seg.output.model, plan_for_auto
         ),
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -106,11 +106,11 @@ rule evaluate_seg:
 # the original grids: what find_best chooses the dataset's best configuration from.
 rule validate_seg:
     input:
-        data=data_input(rules.gather_cases.output[0]),
+        data=seg_data_input,
         model=rules.train_seg.output.model,
         plan=plan_for_auto,
         ledger=ledgers(
-            data_input(rules.gather_cases.output[0]), rules.train_seg.output.model, plan_for_auto
+            seg_data_input, rules.train_seg.output.model, plan_for_auto
         ),
     output:
         metrics="results/{dataset}/runs/{run}/validation/metrics.json",
@@ -150,8 +150,8 @@ rule validate_seg:
 rule find_best:
     input:
         validations=best_inputs,
-        data=data_input(rules.gather_cases.output[0]),
-        ledger=ledgers(data_input(rules.gather_cases.output[0]), best_inputs),
+        data=seg_data_input,
+        ledger=ledgers(seg_data_input, best_inputs),
     output:
         choice="results/{dataset}/best/choice.json",
         summary=report(

@@ -1,7 +1,8 @@
 # Volumes: staged images (MSD or nnU-Net v2 layout) → check every case, fingerprint, plan →
-# one job a case (a chunked HDF5 file) → gather. The cases come from dataset.json at the dry
-# run, so the whole DAG is known from the start (and `--until gather_cases` or
-# `-R preprocess_case` rerun exactly the preprocessing).
+# one job a case (a chunked HDF5 file) → gather; in `cases/` at the plan's spacing, and in
+# `cases_3d_lowres/` at the 3d_lowres configuration's where an experiment trains it. The cases
+# come from dataset.json at the dry run, so the whole DAG is known from the start (and
+# `--until gather_cases` or `-R preprocess_case` rerun exactly the preprocessing).
 
 
 rule plan_volumes:
@@ -39,13 +40,16 @@ rule preprocess_case:
         plan=rules.plan_volumes.output[0],
         ledger=ledgers(rules.stage.output[0], rules.plan_volumes.output[0]),
     output:
-        "results/{dataset}/cases/{case}.h5",
+        "results/{dataset}/{cases}/{case}.h5",
+    params:
+        configuration=lambda wildcards: CASE_FOLDERS[wildcards.cases],
     log:
-        "logs/preprocess_case/{dataset}/{case}.log",
+        "logs/preprocess_case/{dataset}/{cases}/{case}.log",
     benchmark:
-        "results/benchmarks/preprocess_case/{dataset}/{case}.tsv"
+        "results/benchmarks/preprocess_case/{dataset}/{cases}/{case}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
+        cases=one_of(CASE_FOLDERS),
         case="[A-Za-z0-9_.+-]+",
     # on a cluster, `--group-components preprocess=N` (the slurm profile) runs N cases a job
     group:
@@ -58,7 +62,7 @@ rule preprocess_case:
         ENV
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- preprocess-case --manifest {input.manifest} --plan {input.plan}"
-        " --case {wildcards.case} --out {output}"
+        " --case {wildcards.case} --configuration {params.configuration} --out {output}"
 
 
 rule gather_cases:
@@ -67,13 +71,14 @@ rule gather_cases:
         cases=case_files,
         ledger=ledgers(rules.plan_volumes.output[0], case_files),
     output:
-        "results/{dataset}/cases/cases.json",
+        "results/{dataset}/{cases}/cases.json",
     log:
-        "logs/gather_cases/{dataset}.log",
+        "logs/gather_cases/{dataset}/{cases}.log",
     benchmark:
-        "results/benchmarks/gather_cases/{dataset}.tsv"
+        "results/benchmarks/gather_cases/{dataset}/{cases}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
+        cases=one_of(CASE_FOLDERS),
     threads: 1
     resources:
         mem_mb=1000,
@@ -82,4 +87,4 @@ rule gather_cases:
         ENV
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- gather-cases --plan {input.plan}"
-        " --cases results/{wildcards.dataset}/cases"
+        " --cases results/{wildcards.dataset}/{wildcards.cases}"

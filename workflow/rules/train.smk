@@ -41,9 +41,9 @@ rule train_jets:
 
 rule train_seg:
     input:
-        data=data_input(rules.gather_cases.output[0]),
+        data=seg_data_input,
         plan=plan_for_auto,
-        ledger=ledgers(data_input(rules.gather_cases.output[0]), plan_for_auto),
+        ledger=ledgers(seg_data_input, plan_for_auto),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",

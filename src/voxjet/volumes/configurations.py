@@ -15,7 +15,9 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 
-CONFIGURATIONS = ("3d_fullres", "2d")
+CONFIGURATIONS = ("3d_fullres", "2d", "3d_lowres")
+LOWRES_THRESHOLD = 0.25  # nnU-Net's lowres_creation_threshold: patch / median case voxels
+SPACING_STEP = 1.03  # nnU-Net's spacing_increase_factor
 
 
 def slice_axis(spacing: list[float]) -> int:
@@ -84,12 +86,71 @@ def plan_2d(sized: dict, dataset_voxels: float, in_channels: int, out_channels: 
                             gpu_memory_gb)  # fmt: skip
 
 
+def _lowres_at(spacing: np.ndarray, median: list[int], voxels: float, in_channels: int,
+               out_channels: int, planner: str, gpu_memory_gb: float, depth: int,
+               filters: list[int] | None, patch: list[int] | None) -> dict:  # fmt: skip
+    if planner == "voxjet":
+        from voxjet.volumes.planning import plan_patch_and_batch
+
+        return plan_patch_and_batch(spacing.tolist(), median, voxels, in_channels, out_channels,
+                                    gpu_memory_gb, depth, filters=filters, patch=patch)  # fmt: skip
+    from voxjet.volumes.resenc import _permute_network, nnunet_axes, plan_resenc
+
+    order = nnunet_axes(spacing.tolist())
+    back = [order.index(a) for a in range(3)]
+    out = plan_resenc([float(spacing[a]) for a in order], [median[a] for a in order], voxels,
+                      in_channels, out_channels, planner, gpu_memory_gb)  # fmt: skip
+    return {**out, "patch_size": [out["patch_size"][i] for i in back],
+            "network": _permute_network(out["network"], back), "nnunet_axes": order,
+            "pipeline_stages": 1, "micro_batches": 1}  # fmt: skip
+
+
+def plan_lowres(sized: dict, n_cases: int, in_channels: int, out_channels: int, planner: str,
+                gpu_memory_gb: float, depth: int, filters: list[int] | None = None,
+                patch: list[int] | None = None) -> dict | None:  # fmt: skip
+    """nnU-Net's 3d_lowres rule: while the fullres patch covers less than a quarter of the
+    median case, coarsen the spacing by 3% a step (the axes more than 2× finer than the
+    coarsest first) and plan patch and batch again for the median case at that spacing; none
+    when the patch already covers a quarter, or the low-resolution case has not half the
+    voxels of the full-resolution one."""
+    full = np.asarray(sized["target_spacing"], float)
+    median = np.asarray(sized["median_shape_resampled"], float)
+    spacing = full.copy()
+    median_voxels = float(np.prod(median, dtype=np.float64))
+    patch_voxels = float(np.prod(sized["patch_size"], dtype=np.float64))
+    plan = shape = None
+    while patch_voxels / median_voxels < LOWRES_THRESHOLD:
+        finer = spacing.max() / spacing > 2
+        if finer.any():
+            spacing[finer] *= SPACING_STEP
+        else:
+            spacing *= SPACING_STEP
+        scaled = full / spacing * median
+        median_voxels = float(np.prod(scaled, dtype=np.float64))
+        shape = [round(float(x)) for x in scaled]
+        plan = _lowres_at(spacing, shape, median_voxels * n_cases, in_channels, out_channels,
+                          planner, gpu_memory_gb, depth, filters, patch)  # fmt: skip
+        patch_voxels = float(np.prod(plan["patch_size"], dtype=np.float64))
+    if plan is None or np.prod(median, dtype=np.float64) / median_voxels < 2:
+        return None
+    return {**plan, "target_spacing": [float(x) for x in spacing],
+            "median_shape_resampled": [float(x) for x in shape]}  # fmt: skip
+
+
 def effective_plan(plan: dict, configuration: str, where: str) -> dict:
     """The plan a run of `configuration` trains and predicts with: 3d_fullres as planned, any
     other with its patch, batch and network in place of the fullres ones."""
     if configuration == "3d_fullres":
         return {**plan, "configuration": "3d_fullres"}
     planned = plan.get("configurations", {})
+    if configuration == "3d_lowres" and "2d" in planned and configuration not in planned:
+        full = plan["patch_size"]
+        raise VoxjetError(
+            f"{where}: the plan has no 3d_lowres configuration: the 3d_fullres patch "
+            f"{'×'.join(map(str, full))} covers a quarter of the median case or more "
+            f"({'×'.join(f'{x:g}' for x in plan['median_shape_resampled'])}), where nnU-Net "
+            "plans none; train configuration: 3d_fullres"
+        )
     if configuration not in planned:
         raise VoxjetError(
             f"{where}: the plan has no {configuration!r} configuration (it has "

@@ -302,7 +302,7 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     (voxjet's planner, voxjet.volumes.planning, or a ResEnc preset of nnU-Net's,
     voxjet.volumes.resenc), the 2d configuration beside (voxjet.volumes.configurations), the
     label set and each channel's normalisation."""
-    from voxjet.volumes.configurations import dataset_voxels, plan_2d
+    from voxjet.volumes.configurations import dataset_voxels, plan_2d, plan_lowres
     from voxjet.volumes.planning import GIB, choose_storage, node_memory_bytes, resampled_shapes
 
     sized = (_sized_by_voxjet if cfg.plan == "voxjet" else _sized_by_resenc)(fp, ds, cfg)
@@ -310,18 +310,12 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
     # nnU-Net sizes a ResEnc batch's dataset share by the median case times the cases
     voxels = (dataset_voxels(shapes) if cfg.plan == "voxjet"
               else float(np.prod(sized["median_shape_resampled"]) * len(shapes)))  # fmt: skip
-    configurations = {
-        "2d": plan_2d(
-            sized,
-            voxels,
-            len(ds.channels),
-            ds.num_outputs,
-            cfg.plan,
-            sized["gpu_memory_gb"],
-            cfg.network_depth,
-            cfg.plan_channels,
-        )  # fmt: skip
-    }
+    net = (len(ds.channels), ds.num_outputs, cfg.plan, sized["gpu_memory_gb"])
+    configurations = {"2d": plan_2d(sized, voxels, *net, cfg.network_depth, cfg.plan_channels)}
+    lowres = plan_lowres(sized, len(shapes), *net, cfg.network_depth, cfg.plan_channels,
+                         patch=cfg.patch_size)  # fmt: skip
+    if lowres is not None:  # cases several times the patch: nnU-Net's low-resolution stage
+        configurations["3d_lowres"] = lowres
     # float32 a channel and a uint8 label a voxel, as training reads them
     decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
     memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()
@@ -617,13 +611,18 @@ def preprocess_one(
     plan_dir: str | os.PathLike,
     case_id: str,
     out_path: str | os.PathLike,
+    configuration: str = "3d_fullres",
 ) -> dict:
-    """The per-case job: preprocess one case with the dataset's plan (a case the planning
-    skipped as bad gets a file that says so, and why)."""
+    """The per-case job: preprocess one case with the dataset's plan, at the spacing of one of
+    its configurations (a case the planning skipped as bad gets a file that says so, and
+    why)."""
+    from voxjet.volumes.configurations import effective_plan
+
     plan_dir = Path(plan_dir)
     manifest = read_json(manifest_path)
     ds = load_dataset(manifest["root"])
-    plan = read_json(plan_dir / "plan.json")
+    plan = effective_plan(read_json(plan_dir / "plan.json"), configuration,
+                          str(plan_dir / "plan.json"))  # fmt: skip
     fp = read_json(plan_dir / "fingerprint.json")
     skipped = read_json(plan_dir / "skipped.json")
     by_id = {c.case_id: c for c in ds.cases}

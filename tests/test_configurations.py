@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import h5py
+import nibabel as nib
 import numpy as np
 import pytest
 import torch
@@ -93,6 +94,11 @@ def test_a_plan_without_the_configuration_is_refused_naming_the_rerun():
     assert effective_plan(plan, "3d_fullres", "x")["patch_size"] == [32, 32, 16]
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
 class _Array:
     """An in-memory array read as the case stores read theirs (`read(lo, hi, out)`)."""
 
@@ -150,7 +156,7 @@ def test_augmented_2d_patches_never_mix_slices(axis, on):
     assert on == "loader" or turned > 0
 
 
-def test_a_2d_run_trains_evaluates_and_exports(tmp_path):
+def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
     from voxjet.volumes.bundle import export_torchscript_unet
     from voxjet.volumes.evaluate import evaluate, load_trained
     from voxjet.volumes.train import run
@@ -178,10 +184,28 @@ def test_a_2d_run_trains_evaluates_and_exports(tmp_path):
     (cid,) = m["per_case"]
     with h5py.File(tmp_path / "cases" / f"{cid}.h5") as f:
         shape = tuple(f.attrs["original_shape"])
-    import nibabel as nib
-
     assert nib.load(tmp_path / "eval" / "predictions" / f"{cid}.nii.gz").shape == shape
     assert export_torchscript_unet(model.eval(), mc, tmp_path / "m.ts") < 1e-4
+    # an ensemble of the 2d and a 3d_fullres model (find-best's pair): each configuration in
+    # its own plan space, their probabilities averaged on the image's own grid
+    from voxjet.distributed.runtime import init_runtime
+    from voxjet.volumes.predict import run_volume_predict
+
+    run(str(tmp_path / "cases"), {**cfg, "configuration": "3d_fullres"}, str(tmp_path / "run3"))
+    models = [str(tmp_path / r / "model.pt") for r in ("run", "run3")]
+    (image,) = sorted((msd / "imagesTs").glob("*.nii.gz"))
+    rt = init_runtime()
+    soft = []
+    for k, path in enumerate(models):
+        run_volume_predict([path], [str(image)], _mkdir(tmp_path / f"alone{k}"), rt,
+                           probabilities=True)  # fmt: skip
+        (p,) = (tmp_path / f"alone{k}").glob("*_probabilities.nii.gz")
+        soft.append(nib.load(p).get_fdata())
+    (seg,) = run_volume_predict(models, [str(image)], _mkdir(tmp_path / "both"), rt)
+    expected = np.argmax((soft[0] + soft[1]) / 2, axis=-1)
+    got = np.asarray(nib.load(seg).dataobj)
+    assert got.shape == nib.load(image).shape[:3]
+    assert (got == expected).mean() > 0.999  # float32 NIfTI round trip of the probabilities
     # pipeline stages are for 3D networks
     with pytest.raises(VoxjetError, match="configuration 2d and train.pipeline_stages"):
         run(str(tmp_path / "cases"), {**cfg, "train": {**cfg["train"], "pipeline_stages": 2}},

@@ -150,6 +150,30 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
     return labels_to_original(pred, attrs, plan["num_classes"]), affine, soft
 
 
+def segment_ensemble(
+    groups: list[tuple[dict, list]],
+    case: InputCase,
+    device: torch.device,
+    overlap: float,
+    mirror: bool,
+    probabilities: bool = False,
+) -> tuple:
+    """`segment` for models of different configurations (nnU-Net's ensemble of, e.g., 2d and
+    3d_fullres): each configuration's models averaged in its own plan space, then the
+    configurations' probabilities averaged on the case's original grid (as find-best scored
+    the ensemble), the label map their arg-max there."""
+    from voxjet.volumes.inference import to_labels
+
+    soft = None
+    for cfg, models in groups:
+        _, affine, p = segment(models, case, cfg, device, overlap, mirror, probabilities=True)
+        soft = p if soft is None else soft + p
+    soft = soft / len(groups)
+    plan = groups[0][0]["plan"]
+    labels = to_labels(torch.from_numpy(np.moveaxis(soft, -1, 0)), plan)
+    return labels, affine, soft if probabilities else None
+
+
 def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
     with atomic_path(target) as tmp:
         nib.save(nib.Nifti1Image(data, affine), str(tmp) + ".nii.gz")
@@ -165,23 +189,34 @@ def run_volume_predict(
     4-D, one channel a class (softmax) or region (sigmoid), on the same grid."""
     from voxjet.volumes.evaluate import load_trained
 
-    models, cfg = [], None
+    groups: dict[str, tuple[dict, list]] = {}  # models by the plan they predict in
+    cfg = None
     for path in model_paths:
         model, saved = load_trained(path)
-        if "plan" not in saved["model_config"]:
+        mc = saved["model_config"]
+        if "plan" not in mc:
             raise VoxjetError(
                 f"{path}: this model does not record the plan it was trained with (an older "
                 "voxjet); retrain it to predict on new images"
             )
-        cfg = cfg or saved["model_config"]
-        if saved["model_config"]["plan"] != cfg["plan"]:
-            raise VoxjetError(f"{path}: another plan than {model_paths[0]}; models averaged must "
-                              "share their dataset's plan")  # fmt: skip
-        models.append(model.to(rt.device).eval())
+        cfg = cfg or mc
+        same = ("labels", "regions", "channels", "num_classes")
+        if any(mc["plan"].get(k) != cfg["plan"].get(k) for k in same) or (
+            mc["fingerprint"] != cfg["fingerprint"]
+        ):
+            raise VoxjetError(f"{path}: a model of another dataset than {model_paths[0]}; "
+                              "models averaged must share their dataset")  # fmt: skip
+        key = json.dumps(mc["plan"], sort_keys=True)
+        groups.setdefault(key, (mc, []))[1].append(model.to(rt.device).eval())
     cases = case_inputs(inputs)
     written = []
     for case in cases[rt.rank :: rt.world_size]:
-        seg, affine, soft = segment(models, case, cfg, rt.device, overlap, mirror, probabilities)
+        if len(groups) == 1:
+            seg, affine, soft = segment(groups[key][1], case, cfg, rt.device, overlap, mirror,
+                                        probabilities)  # fmt: skip
+        else:
+            seg, affine, soft = segment_ensemble(list(groups.values()), case, rt.device, overlap,
+                                                 mirror, probabilities)  # fmt: skip
         if postprocessing:  # the best configuration's (find-best), as validated
             from voxjet.volumes.best import apply_postprocessing
 

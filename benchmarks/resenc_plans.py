@@ -154,6 +154,25 @@ def voxjet_own(msd: Path, preset: str) -> dict:
                                [s["shape"] for s in stats.values()], 1, 3, preset)  # fmt: skip
 
 
+def _other_table(refs: dict, key: str, voxjet_of) -> None:
+    """One configuration's rows (nnU-Net's beside voxjet's from the same fingerprint); a
+    configuration a planner does not plan is `none`."""
+    print("| cases | preset | planner | spacing | patch (nnU-Net's axes) | batch | as nnU-Net's |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ref in refs.items():
+        for preset, theirs in ref[key].items():
+            mine = voxjet_of(ref["fingerprint"], preset)
+            for who, p in (("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)):
+                if p is None:
+                    same = (mine is None) == (theirs is None)
+                    print(f"| {name} | {preset} | {who} | none | | | {'yes' if same else 'NO'} |")
+                    continue
+                same = theirs is not None and all(p[k] == theirs[k] for k in COMPARED)
+                sp = ", ".join(f"{x:.3f}" for x in p.get("spacing", []))
+                print(f"| {name} | {preset} | {who} | {sp} | {p['patch_size']} | "
+                      f"{p['batch_size']} | {'yes' if same else 'NO'} |")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--record", action="store_true", help=f"write {RECORD.relative_to(ROOT)}")
@@ -175,31 +194,10 @@ def main() -> None:
                 same = all(p[k] == theirs[k] for k in COMPARED)
                 print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
                       f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
-    print("\n2d configurations\n")
-    print("| cases | preset | planner | patch (nnU-Net's axes) | batch | stages | as nnU-Net's |")
-    print("|---|---|---|---|---|---|---|")
-    for name, ref in refs.items():
-        for preset, theirs in ref["plans_2d"].items():
-            mine = voxjet_2d_from(ref["fingerprint"], preset)
-            for who, p in (("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)):
-                same = all(p[k] == theirs[k] for k in COMPARED)
-                print(f"| {name} | {preset} | {who} | {p['patch_size']} | {p['batch_size']} | "
-                      f"{len(p['strides'])} | {'yes' if same else 'NO'} |")  # fmt: skip
-    print("\n3d_lowres configurations\n")
-    print("| cases | preset | planner | spacing | patch (nnU-Net's axes) | batch | as nnU-Net's |")
-    print("|---|---|---|---|---|---|---|")
-    for name, ref in refs.items():
-        for preset, theirs in ref["plans_lowres"].items():
-            mine = voxjet_lowres_from(ref["fingerprint"], preset)
-            for who, p in (("nnU-Net 2.8.1", theirs), ("voxjet, nnU-Net's fingerprint", mine)):
-                if p is None:
-                    print(f"| {name} | {preset} | {who} | none | | | "
-                          f"{'yes' if (mine is None) == (theirs is None) else 'NO'} |")  # fmt: skip
-                    continue
-                same = theirs is not None and all(p[k] == theirs[k] for k in COMPARED)
-                sp = ", ".join(f"{x:.3f}" for x in p["spacing"])
-                print(f"| {name} | {preset} | {who} | {sp} | {p['patch_size']} | "
-                      f"{p['batch_size']} | {'yes' if same else 'NO'} |")  # fmt: skip
+    for title, key, of in (("2d", "plans_2d", voxjet_2d_from),
+                           ("3d_lowres", "plans_lowres", voxjet_lowres_from)):  # fmt: skip
+        print(f"\n{title} configurations\n")
+        _other_table(refs, key, of)
     if args.record:
         RECORD.parent.mkdir(exist_ok=True)
         RECORD.write_text(json.dumps({"nnunetv2": "2.8.1", **refs}, indent=1) + "\n")

@@ -138,6 +138,16 @@ def test_choice_and_postprocessing_equal_a_hand_computation(cases, tmp_path):
     saved = json.loads((tmp_path / "best" / "choice.json").read_text())
     assert saved["configurations"] == choice["configurations"]
     assert "(chosen)" in (tmp_path / "best" / "summary.md").read_text()
+    # the workflow's summary carries the choice: a row a dataset
+    from voxjet.report.aggregate import aggregate
+
+    (tmp_path / "ct" / "best").mkdir(parents=True)
+    (tmp_path / "ct" / "best" / "choice.json").write_text(json.dumps(choice))
+    aggregate([], tmp_path / "summary", best=[str(tmp_path / "ct" / "best" / "choice.json")])
+    summary = (tmp_path / "summary" / "summary.md").read_text()
+    row = next(ln for ln in summary.splitlines() if ln.startswith("| ct |"))
+    assert f"| {' + '.join(best)} | 4 | {hand[best][2]:.4f} |" in row and f"{mean:.4f} |" in row
+    assert ("largest component: foreground" in row) == fg
 
 
 def test_folds_that_do_not_match_are_refused_naming_the_configuration(cases, tmp_path):
@@ -230,6 +240,9 @@ def test_workflow_validates_every_fold_then_finds_the_best_and_predicts_with_it(
     (predict,) = [b for b in r.stdout.split("\nrule ") if b.startswith("predict:")]
     assert "--choice results/toy_ct/best/choice.json" in predict
     assert predict.count("model.pt") >= 6
+    r = run_snakemake(workflow_dir, "-n", "-p")  # the whole DAG: the summary reports it
+    (aggregate,) = [b for b in r.stdout.split("\nrule ") if b.startswith("aggregate:")]
+    assert "--best results/toy_ct/best/choice.json" in aggregate
     # the best of a dataset without cross-validated experiments: refused at the dry run
     cfg["experiments"]["unet"].pop("folds")
     cfg["experiments"]["unet2"].pop("folds")

@@ -194,7 +194,7 @@ def _aggregate(a: argparse.Namespace) -> None:
         runs = runs_from_config(a.from_config, a.schema)
     else:
         raise VoxjetError("aggregate: give --runs (what the workflow passes) or --from-config")
-    out = aggregate(runs, a.out, a.benchmarks, a.plan)
+    out = aggregate(runs, a.out, a.benchmarks, a.plan, a.best)
     if out["missing"]:
         print(f"runs without metrics (listed as missing): {out['missing']}", file=sys.stderr)
 
@@ -462,6 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
     s.add_argument("--plan", default=None, help="the planner's runs.json, checked against the "
                    "throughput the runs measured")  # fmt: skip
+    s.add_argument("--best", nargs="*", default=[], help="the datasets' best-configuration "
+                   "choices (results/<dataset>/best/choice.json), summarised")  # fmt: skip
     s.add_argument("--out", required=True)
     s.set_defaults(func=_aggregate)
 

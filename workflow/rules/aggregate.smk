@@ -29,10 +29,11 @@ rule aggregate:
         plan=rules.plan_runs.output.json,
         evals=eval_targets(),
         train_logs=train_logs(),
+        best=best_targets(),
         ledger=ledgers(
             rules.list_runs.output[0],
             rules.plan_runs.output.json,
-            lambda wildcards: eval_targets() + train_logs(),
+            lambda wildcards: eval_targets() + train_logs() + best_targets(),
         ),
     output:
         csv=report(
@@ -65,4 +66,4 @@ rule aggregate:
         ENV
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- aggregate --runs @{input.runs:q} --out results/summary"
-        " --benchmarks results/benchmarks --plan {input.plan:q}"
+        " --benchmarks results/benchmarks --plan {input.plan:q} --best {input.best:q}"

@@ -521,8 +521,10 @@ def aggregate(
     out_dir: str | os.PathLike,
     benchmarks: str | None = None,
     plan: str | None = None,
+    best: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Write metrics.csv, summary.md and figures/ into `out_dir` (each atomically)."""
+    """Write metrics.csv, summary.md and figures/ into `out_dir` (each atomically); `best`:
+    the volumes datasets' best-configuration choices (results/<dataset>/best/choice.json)."""
     out = Path(out_dir)
     rows, missing = collect(runs)
     studies = scaling_studies(runs)
@@ -547,6 +549,11 @@ def aggregate(
         w.writerows(rows)
     md = summary_markdown(rows, missing, data_notes(runs), studies)
     md += planner_check_markdown(check)
+    if best:
+        from voxjet.volumes.best import summary_rows
+
+        md += summary_rows({Path(b).parent.parent.name: json.loads(Path(b).read_text())
+                            for b in best})  # fmt: skip
     if names:
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:

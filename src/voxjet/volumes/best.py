@@ -234,6 +234,28 @@ def summary_markdown(choice: dict) -> str:
     return "\n".join(lines)
 
 
+def summary_rows(choices: dict[str, dict]) -> str:
+    """The datasets' choices as one section of the workflow's summary (dataset → choice.json
+    content): the configuration or ensemble chosen, its cross-validation Dice before and after
+    the post-processing kept."""
+    if not choices:
+        return ""
+    lines = ["", "## Best configuration (cross-validation)", "",
+             "| dataset | chosen | validation cases | mean Dice | post-processing | after |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for ds, c in sorted(choices.items()):
+        post = c["postprocessing"]
+        kept = (["foreground"] if post["foreground_largest_component"] else []) + list(
+            post["largest_component_classes"]
+        )
+        what = ", ".join(f"largest component: {k}" for k in kept) or "none"
+        chosen = " + ".join(c["configurations"])
+        lines.append(f"| {ds} | {chosen} | {c['cases']} | {c['dice_mean']:.4f} | {what} | "
+                     f"{post['dice_mean_after']:.4f} |")  # fmt: skip
+    lines.append("")
+    return "\n".join(lines)
+
+
 def find_best(cases_dir: str, configs: dict[str, list[str]], out_dir: str,
               models: dict[str, list[str]] | None = None) -> dict:  # fmt: skip
     """Read the references and every configuration's fold validations, choose, and write

@@ -186,6 +186,14 @@ def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
         shape = tuple(f.attrs["original_shape"])
     assert nib.load(tmp_path / "eval" / "predictions" / f"{cid}.nii.gz").shape == shape
     assert export_torchscript_unet(model.eval(), mc, tmp_path / "m.ts") < 1e-4
+    # case files of another spacing (another configuration's) are refused, naming both
+    preprocess_dataset(tmp_path / "manifest.json", tmp_path / "coarse",
+                       VolumePrepConfig(patch_size=[32, 32, 8], network_depth=2,
+                                        target_spacing=[2.0, 2.0, 4.0], val_fraction=0.25,
+                                        test_fraction=0.2))  # fmt: skip
+    with pytest.raises(VoxjetError, match=r"coarse/.*\.h5: preprocessed at \[2\.0, 2\.0, 4\.0\]"):
+        evaluate(str(tmp_path / "coarse"), str(tmp_path / "run" / "model.pt"),
+                 str(tmp_path / "eval_coarse"))  # fmt: skip
     # an ensemble of the 2d and a 3d_fullres model (find-best's pair): each configuration in
     # its own plan space, their probabilities averaged on the image's own grid
     from voxjet.distributed.runtime import init_runtime

@@ -126,6 +126,9 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="
     plan = read_json_at(cases_dir, "plan.json", opts)
     model, saved = load_trained(model_path)
     cases = _cases_of(read_json_at(cases_dir, "splits.json", opts), split, saved, plan, cases_dir)
+    # the sliding window of the configuration the model trained (a 2d model's slices, a
+    # 3d_lowres model's patch); models from before configurations recorded the plan as is
+    plan = saved["model_config"].get("plan") or plan
     store = CaseStore(
         cases_dir,
         cases,
@@ -140,6 +143,14 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="
     (out / "predictions").mkdir(exist_ok=True)
     for cid in cases[rt.rank :: rt.world_size]:
         f = store.file(cid)
+        if not np.allclose(f.attrs["spacing"], plan["target_spacing"]):
+            raise VoxjetError(
+                f"{cases_dir}/{cid}.h5: preprocessed at {np.round(f.attrs['spacing'], 4).tolist()}"
+                f" mm, but {model_path} was trained on cases at "
+                f"{np.round(plan['target_spacing'], 4).tolist()} mm (its configuration "
+                f"{plan.get('configuration', '3d_fullres')}); give the case files of that "
+                "configuration (3d_lowres: results/<dataset>/cases_3d_lowres)"
+            )
         image, label = read_case_arrays(f)
         probs = predict_probs(model, image, plan["patch_size"], device, overlap, mirror=mirror,
                               sigmoid=bool(plan.get("regions")))  # fmt: skip

@@ -5,6 +5,7 @@ cases); runs of each train, evaluate and take part in choosing the best configur
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -254,20 +255,34 @@ def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp
             }
         },
         "experiments": {"fullres": exp, "slices": {**exp, "configuration": "2d"},
-                        "coarse": {**exp, "configuration": "3d_lowres"}},
+                        "coarse": {**exp, "configuration": "3d_lowres"},
+                        "cascade": {**exp, "configuration": "3d_cascade_fullres",
+                                    "previous": "coarse"}},
     }  # fmt: skip
     write_config(wf / "c.yaml", cfg)
     args = ["--cores", "2", "--configfile", "c.yaml", "--replace-workflow-config"]
-    r = run_snakemake(wf, *args, "results/ct/best/choice.json")
+    # the cascade's jobs wait for every fold of the lowres experiment (the dry run's DAG)
+    dry = run_snakemake(wf, *args, "-n", "-p", "results/ct/best/choice.json")
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    for block in dry.stdout.split("\nrule "):
+        if block.startswith(("train_seg", "validate_seg")) and "cascade_fold" in block[:400]:
+            inputs = block.splitlines()[1]
+            assert all(f"coarse_fold-{k}/validation/metrics.json" in inputs for k in (0, 1))
+            assert "--previous-validations results/ct/runs/coarse_fold-0/validation" in block
+    r = run_snakemake(wf, *args, "results/ct/best/choice.json",
+                      "results/ct/runs/cascade_fold-0/eval/metrics.json")  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     counts = job_counts(r.stdout + r.stderr)
-    assert counts["train_seg"] == 6 and counts["validate_seg"] == 6
+    assert counts["train_seg"] == 8 and counts["validate_seg"] == 8
     assert counts["gather_cases"] == 2  # the cases at full and at low resolution
     choice = json.loads((wf / "results/ct/best/choice.json").read_text())
     candidates = {tuple(sorted(c["configurations"])) for c in choice["candidates"]}
-    names = ("coarse", "fullres", "slices")
-    assert candidates == {(n,) for n in names} | {("coarse", "fullres"), ("coarse", "slices"),
-                                                 ("fullres", "slices")}  # fmt: skip
+    names = ("cascade", "coarse", "fullres", "slices")
+    assert candidates == {(n,) for n in names} | set(itertools.combinations(names, 2))
+    cascade = torch.load(wf / "results/ct/runs/cascade_fold-0/model.pt", weights_only=False)
+    assert cascade["model_config"]["in_channels"] == 1 + 2  # the image, organ and lesion
+    test = json.loads((wf / "results/ct/runs/cascade_fold-0/eval/metrics.json").read_text())
+    assert test["n_cases"] >= 1
     plans = {}
     for name in names:
         saved = torch.load(wf / f"results/ct/runs/{name}_fold-0/model.pt", weights_only=False)
@@ -279,3 +294,73 @@ def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp
     with h5py.File(next((wf / "results/ct/cases_3d_lowres").glob("*.h5"))) as f:
         assert list(f.attrs["spacing"]) == plans["coarse"]["target_spacing"]
     assert plans["coarse"]["target_spacing"][0] > plans["fullres"]["target_spacing"][0]
+
+
+def test_a_lowres_segmentation_reaches_the_cascade_as_the_case_files_label_did(tmp_path):
+    """The previous stage's label map, given on the original grid (a validation's
+    probabilities, or a test prediction), lands in the plan's space exactly where
+    preprocessing put the case's own label (flipped, non-RAS and anisotropic cases)."""
+    from voxjet.volumes.best import save_probabilities
+    from voxjet.volumes.cascade import CascadeImage, PreviousStage
+    from voxjet.volumes.patches import CaseStore
+
+    small = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(36, 36, 12),
+                             max_shape=(40, 40, 14))  # fmt: skip
+    msd = generate_dataset(tmp_path / "msd", small, progress=False)
+    (tmp_path / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
+    preprocess_dataset(tmp_path / "manifest.json", tmp_path / "cases",
+                       VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))  # fmt: skip
+    plan = json.loads((tmp_path / "cases" / "plan.json").read_text())
+    cids = sorted(p.stem for p in (tmp_path / "cases").glob("*.h5"))
+    val, pred = tmp_path / "fold0" / "validation", tmp_path / "fold0" / "eval" / "predictions"
+    pred.mkdir(parents=True)
+    refs = {}
+    for k, cid in enumerate(cids):
+        with h5py.File(tmp_path / "cases" / f"{cid}.h5") as f:
+            original = f["original_label"][...]
+            refs[cid] = f["label"][...]
+            affine = f.attrs["original_affine"]
+        if k % 2:  # as a lowres fold validated it: probabilities, channels last
+            save_probabilities(val / "probabilities", cid, np.eye(3)[original])
+        else:  # as the lowres run predicted a test case
+            nib.save(nib.Nifti1Image(original, affine), pred / f"{cid}.nii.gz")
+    stage = PreviousStage([str(val)], [str(pred)], plan)
+    assert stage.channels == 2
+    store = CaseStore(tmp_path / "cases", cids, previous=stage)
+    for cid in cids:
+        image, _ = store.volumes(cid)
+        assert isinstance(image, CascadeImage) and image.shape[0] == 3
+        assert np.array_equal(stage.segmentation(cid, store.file(cid).attrs), refs[cid])
+        # a region across the image's and the previous stage's channels
+        lo, hi = (0, 2, 3, 1), (3, 14, 15, 7)
+        got = image.read(lo, hi)
+        region = refs[cid][2:14, 3:15, 1:7]
+        assert np.array_equal(got[1], region == 1) and np.array_equal(got[2], region == 2)
+        assert np.array_equal(got[0], image.image.read((0, 2, 3, 1), (1, 14, 15, 7))[0])
+    store.close()
+    with pytest.raises(VoxjetError, match=r"case 'nope': no 3d_lowres segmentation"):
+        stage.original_labels("nope")
+
+
+def test_a_cascade_without_its_lowres_folds_is_refused_at_the_config_check(demo_config):
+    from voxjet.config import check_config
+
+    schema = Path(__file__).parents[1] / "config" / "schema.yaml"
+    base = json.loads(json.dumps(demo_config))
+    base["experiments"]["unet"].update(folds=2, sweep={})
+    low = {**base["experiments"]["unet"], "configuration": "3d_lowres"}
+    casc = {**base["experiments"]["unet"], "configuration": "3d_cascade_fullres"}
+    for exps, match in (
+        ({"casc": casc}, r"experiments.casc.previous': .*none yet: add one"),
+        ({"casc": {**casc, "previous": "unet"}}, r"name one \(none yet.*not 'unet'"),
+        ({"low": low, "casc": {**casc, "previous": "low", "folds": 3}},
+         r"same `folds:`.*'toy_ct'/3 and 'toy_ct'/2"),
+        ({"low": {**low, "folds": None}, "casc": {**casc, "previous": "low"}}, r"same `folds:`"),
+    ):  # fmt: skip
+        cfg = json.loads(json.dumps(base))
+        cfg["experiments"].update(exps)
+        with pytest.raises(VoxjetError, match=match):
+            check_config(cfg, schema)
+    cfg = json.loads(json.dumps(base))
+    cfg["experiments"].update({"low": low, "casc": {**casc, "previous": "low"}})
+    check_config(cfg, schema)

@@ -133,7 +133,23 @@ def _train_jets(a: argparse.Namespace) -> None:
 def _train_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.train import run
 
-    run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out, _read(a))
+    run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out, _read(a), _previous(a))
+
+
+def _previous(a: argparse.Namespace) -> dict[str, list[str]] | None:
+    """A cascade's previous stage: its folds' validation folders and test prediction folders."""
+    if not a.previous_validations:
+        return None
+    return {"validations": a.previous_validations, "predictions": a.previous_predictions}
+
+
+def _previous_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--previous-validations", nargs="*", default=[],
+                   help="3d_cascade_fullres: the 3d_lowres folds' validation folders (the "
+                        "segmentations of the cross-validation's cases)")  # fmt: skip
+    s.add_argument("--previous-predictions", nargs="*", default=[],
+                   help="3d_cascade_fullres: folders of the 3d_lowres run's test predictions "
+                        "(<case>.nii.gz)")  # fmt: skip
 
 
 def _evaluate_jets(a: argparse.Namespace) -> None:
@@ -146,7 +162,8 @@ def _evaluate_seg(a: argparse.Namespace) -> None:
     from voxjet.volumes.evaluate import evaluate
 
     m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a),
-                 split=a.split, probabilities=a.probabilities)  # fmt: skip
+                 split=a.split, probabilities=a.probabilities,
+                 previous=_previous(a))  # fmt: skip
     if m:  # the main process's summary
         print(f"{a.split} mean Dice {m['dice_mean']:.4f}, HD95 {m['hd95_mean']:.3g} mm",
               file=sys.stderr)  # fmt: skip
@@ -324,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--run-config", required=True, help="JSON (or @file) resolved run config")
         s.add_argument("--out", required=True)
         s.add_argument("--read", default="{}", help=READ_HELP)
+        if name == "train-seg":
+            _previous_args(s)
         s.set_defaults(func=func)
 
     for name, data_arg, func in (
@@ -345,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="also write the probabilities (probabilities/<case>.npz)",
             )
+            _previous_args(s)
         s.set_defaults(func=func)
 
     s = sub.add_parser("find-best", help="choose a dataset's best configuration or ensemble "

@@ -114,7 +114,8 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                 f"config key 'experiments.{name}.dataset': no dataset named "
                 f"{exp['dataset']!r}; defined: {sorted(config['datasets'])}"
             )
-        _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]])
+        _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]],
+                                  config["experiments"])  # fmt: skip
         _check_scaling(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
 
@@ -179,7 +180,33 @@ JET_MODELS = ("pfn", "particlenet", "part", "weaver_part", "weaver_pnet")
 SEG_MODELS = ("unet", "dynunet", "resenc")
 
 
-def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any]) -> None:
+def _check_cascade(name: str, exp: Mapping[str, Any], experiments: Mapping[str, Any]) -> None:
+    """A cascade names a 3d_lowres experiment of its dataset cross-validated on its folds."""
+    where = f"config key 'experiments.{name}"
+    prev = exp.get("previous")
+    low = experiments.get(prev) if prev else None
+    if low is None or low.get("configuration") != "3d_lowres":
+        lows = [n for n, e in experiments.items() if e.get("configuration") == "3d_lowres"]
+        which = lows or "none yet: add one with configuration: 3d_lowres"
+        raise VoxjetError(
+            f"{where}.previous': a 3d_cascade_fullres experiment is fed a 3d_lowres "
+            f"experiment's segmentations; name one ({which}), not {prev!r}"
+        )
+    if (
+        low["dataset"] != exp["dataset"]
+        or not exp.get("folds")
+        or (low.get("folds") != exp.get("folds"))
+    ):
+        raise VoxjetError(
+            f"{where}': the cascade and its lowres experiment {prev!r} need the same dataset "
+            f"and the same `folds:` (each training case's lowres segmentation comes from the "
+            f"fold that validated it); now {exp['dataset']!r}/{exp.get('folds')} and "
+            f"{low['dataset']!r}/{low.get('folds')}"
+        )
+
+
+def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any],
+                              experiments: Mapping[str, Any]) -> None:  # fmt: skip
     """A model of the dataset's domain, a U-Net no deeper than the plan's patch allows."""
     model, domain = exp["model"]["name"], ds["domain"]
     where = f"config key 'experiments.{name}"
@@ -203,6 +230,8 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
         if domain != "volumes":
             raise VoxjetError(f"{where}.configuration': {conf} is a segmentation configuration; "
                               f"dataset {exp['dataset']!r} holds {domain}")  # fmt: skip
+        if conf == "3d_cascade_fullres":
+            _check_cascade(name, exp, experiments)
         if conf == "3d_lowres" and ds.get("source", {}).get("prepared"):
             raise VoxjetError(
                 f"{where}.configuration': 3d_lowres trains on cases preprocessed at its own "

@@ -433,6 +433,52 @@ def fold_runs(dataset=None):
             and (dataset is None or r.dataset == dataset)]  # fmt: skip
 
 
+def previous_runs(run):
+    """A 3d_cascade_fullres run's 3d_lowres fold runs (one a fold), or none."""
+    exp = config["experiments"][run.experiment]
+    if exp.get("configuration") != "3d_cascade_fullres":
+        return []
+    lows = [r for r in fold_runs(run.dataset) if r.experiment == exp["previous"]]
+    if len({r.params["fold"] for r in lows}) != len(lows):
+        raise WorkflowError(
+            f"experiments.{run.experiment}.previous: {exp['previous']!r} trains several runs a "
+            "fold (a sweep); a cascade needs one a fold: split the sweep into experiments"
+        )
+    return lows
+
+
+def previous_inputs(test):
+    """Input function: the lowres folds' validations a cascade run reads (all folds), and for
+    its test evaluation the test predictions of the lowres fold of the same number."""
+
+    def inputs(wildcards):
+        run = RUNS[wildcards.run]
+        lows = previous_runs(run)
+        out = [f"{r.run_dir}/validation/metrics.json" for r in lows]
+        if test:
+            out += [f"{r.run_dir}/eval/metrics.json" for r in lows
+                    if r.params["fold"] == run.params["fold"]]  # fmt: skip
+        return out
+
+    return inputs
+
+
+def previous_args(test):
+    """Params function: previous_inputs as the evaluate-seg / train-seg options."""
+
+    def args(wildcards):
+        found = previous_inputs(test)(wildcards)
+        if not found:
+            return ""
+        val = [os.path.dirname(f) for f in found if f.endswith("validation/metrics.json")]
+        pred = [f"{os.path.dirname(f)}/predictions" for f in found
+                if f.endswith("eval/metrics.json")]  # fmt: skip
+        return " ".join(["--previous-validations", *val]
+                        + (["--previous-predictions", *pred] if pred else []))  # fmt: skip
+
+    return args
+
+
 def configuration_of(run):
     """A fold run's configuration: its experiment and sweep point, the fold left out."""
     return run.run_id.replace(f"_fold-{run.params['fold']}", "", 1)

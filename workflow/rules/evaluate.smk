@@ -60,8 +60,12 @@ rule evaluate_seg:
         data=seg_data_input,
         model=rules.train_seg.output.model,
         plan=plan_for_auto,
+        previous=previous_inputs(test=True),
         ledger=ledgers(
-            seg_data_input, rules.train_seg.output.model, plan_for_auto
+            seg_data_input,
+            rules.train_seg.output.model,
+            plan_for_auto,
+            previous_inputs(test=True),
         ),
     output:
         metrics="results/{dataset}/runs/{run}/eval/metrics.json",
@@ -79,6 +83,7 @@ rule evaluate_seg:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
+        previous=previous_args(test=True),
     log:
         "logs/evaluate_seg/{dataset}/{run}.log",
     benchmark:
@@ -99,7 +104,7 @@ rule evaluate_seg:
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
-        " --overlap {params.overlap} {params.mirror} --out {params.out}"
+        " --overlap {params.overlap} {params.mirror} {params.previous} --out {params.out}"
 
 
 # The cases each fold of a cross-validation validated on, predicted with their probabilities on
@@ -109,8 +114,12 @@ rule validate_seg:
         data=seg_data_input,
         model=rules.train_seg.output.model,
         plan=plan_for_auto,
+        previous=previous_inputs(test=False),
         ledger=ledgers(
-            seg_data_input, rules.train_seg.output.model, plan_for_auto
+            seg_data_input,
+            rules.train_seg.output.model,
+            plan_for_auto,
+            previous_inputs(test=False),
         ),
     output:
         metrics="results/{dataset}/runs/{run}/validation/metrics.json",
@@ -122,6 +131,7 @@ rule validate_seg:
         out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/validation",
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
+        previous=previous_args(test=False),
     log:
         "logs/validate_seg/{dataset}/{run}.log",
     benchmark:
@@ -142,7 +152,8 @@ rule validate_seg:
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
         " evaluate-seg --cases {params.data:q} --read {params.read:q} --model {input.model}"
-        " --overlap {params.overlap} {params.mirror} --split val --probabilities --out {params.out}"
+        " --overlap {params.overlap} {params.mirror} --split val --probabilities {params.previous}"
+        " --out {params.out}"
 
 
 # nnU-Net's find_best_configuration: the best configuration or pair of a dataset from its folds'

@@ -43,7 +43,9 @@ rule train_seg:
     input:
         data=seg_data_input,
         plan=plan_for_auto,
-        ledger=ledgers(seg_data_input, plan_for_auto),
+        # a cascade waits for every fold of its 3d_lowres experiment
+        previous=previous_inputs(test=False),
+        ledger=ledgers(seg_data_input, plan_for_auto, previous_inputs(test=False)),
     output:
         model="results/{dataset}/runs/{run}/model.pt",
         metrics="results/{dataset}/runs/{run}/metrics.jsonl",
@@ -53,6 +55,7 @@ rule train_seg:
         run_config=run_config,
         launch=launch_args,
         run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
+        previous=previous_args(test=False),
     log:
         "logs/train_seg/{dataset}/{run}.log",
     benchmark:
@@ -72,5 +75,5 @@ rule train_seg:
         ENV
     shell:
         "voxjet job --log {log:q} --outputs {output:q} -- launch {params.launch} --threads {threads} --"
-        " train-seg --cases {params.data:q} --read {params.read:q}"
+        " train-seg --cases {params.data:q} --read {params.read:q} {params.previous}"
         " --run-config {params.run_config:q} --out {params.run_dir}"

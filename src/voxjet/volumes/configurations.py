@@ -15,7 +15,7 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 
-CONFIGURATIONS = ("3d_fullres", "2d", "3d_lowres")
+CONFIGURATIONS = ("3d_fullres", "2d", "3d_lowres", "3d_cascade_fullres")
 LOWRES_THRESHOLD = 0.25  # nnU-Net's lowres_creation_threshold: patch / median case voxels
 SPACING_STEP = 1.03  # nnU-Net's spacing_increase_factor
 
@@ -143,10 +143,11 @@ def effective_plan(plan: dict, configuration: str, where: str) -> dict:
     if configuration == "3d_fullres":
         return {**plan, "configuration": "3d_fullres"}
     planned = plan.get("configurations", {})
-    if configuration == "3d_lowres" and "2d" in planned and configuration not in planned:
+    low = ("3d_lowres", "3d_cascade_fullres")
+    if configuration in low and "2d" in planned and configuration not in planned:
         full = plan["patch_size"]
         raise VoxjetError(
-            f"{where}: the plan has no 3d_lowres configuration: the 3d_fullres patch "
+            f"{where}: the plan has no {configuration} configuration: the 3d_fullres patch "
             f"{'×'.join(map(str, full))} covers a quarter of the median case or more "
             f"({'×'.join(f'{x:g}' for x in plan['median_shape_resampled'])}), where nnU-Net "
             "plans none; train configuration: 3d_fullres"

@@ -82,19 +82,21 @@ def evaluate(
     read: dict | None = None,
     split: str = "test",
     probabilities: bool = False,
+    previous: dict[str, list[str]] | None = None,
 ) -> dict:
     """Score the test cases (shared over the job's processes: case i on rank i mod world);
     write metrics.json (per case and mean per class), overlays.png and each prediction as
     NIfTI on the original image's grid (predictions/<case>.nii.gz). `split="val"` scores the
     cases the run validated on (its fold's); `probabilities` also writes each case's
-    probabilities on its original grid (probabilities/<case>.npz, what find-best combines)."""
+    probabilities on its original grid (probabilities/<case>.npz, what find-best combines);
+    `previous`: a cascade's 3d_lowres segmentations (validation and prediction folders)."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
     rt = init_runtime()
     try:
         with localised(cases_dir, read) as where:  # read.node_local: a copy on this node
             return _evaluate(rt, where, model_path, out_dir, overlap, mirror, read, split,
-                             probabilities)  # fmt: skip
+                             probabilities, previous)  # fmt: skip
     finally:
         shutdown(rt)
 
@@ -117,7 +119,7 @@ def _cases_of(split_json: dict, split: str, saved: dict, plan: dict, where: str)
 
 
 def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="test",
-              probabilities=False) -> dict:  # fmt: skip
+              probabilities=False, previous=None) -> dict:  # fmt: skip
     import torch.distributed as dist
 
     out = Path(out_dir)
@@ -129,6 +131,15 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="
     # the sliding window of the configuration the model trained (a 2d model's slices, a
     # 3d_lowres model's patch); models from before configurations recorded the plan as is
     plan = saved["model_config"].get("plan") or plan
+    stage = None
+    if plan.get("configuration") == "3d_cascade_fullres":
+        from voxjet.volumes.cascade import PreviousStage
+
+        if not previous:
+            raise VoxjetError(f"{model_path}: a 3d_cascade_fullres model needs the 3d_lowres "
+                              "stage's segmentations: give --previous-validations and "
+                              "--previous-predictions")  # fmt: skip
+        stage = PreviousStage(previous["validations"], previous.get("predictions", []), plan)
     store = CaseStore(
         cases_dir,
         cases,
@@ -152,7 +163,8 @@ def _evaluate(rt, cases_dir, model_path, out_dir, overlap, mirror, read, split="
                 "configuration (3d_lowres: results/<dataset>/cases_3d_lowres)"
             )
         image, label = read_case_arrays(f)
-        probs = predict_probs(model, image, plan["patch_size"], device, overlap, mirror=mirror,
+        net_input = image if stage is None else stage.with_image(image, cid, f.attrs)
+        probs = predict_probs(model, net_input, plan["patch_size"], device, overlap, mirror=mirror,
                               sigmoid=bool(plan.get("regions")))  # fmt: skip
         pred = to_labels(probs, plan)
         if probabilities:

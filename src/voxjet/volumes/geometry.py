@@ -214,3 +214,12 @@ def labels_to_original(pred: np.ndarray, attrs, n_classes: int) -> np.ndarray:
     full = np.zeros(tuple(int(s) for s in attrs["ras_shape"]), np.uint8)
     full[tuple(slice(int(a), int(b)) for a, b in box)] = zoom_labels(pred, cropped, n_classes)
     return from_ras(full, np.asarray(attrs["original_affine"]))
+
+
+def labels_to_plan(label: np.ndarray, attrs, n_classes: int) -> np.ndarray:
+    """Inverse of labels_to_original: a label map on a case's original grid in the plan's
+    space (reoriented, cropped, resampled as the case file's image was)."""
+    box = np.asarray(attrs["crop_box"])
+    ras = to_ras(np.asarray(label), np.asarray(attrs["original_affine"]))
+    cropped = ras[tuple(slice(int(a), int(b)) for a, b in box)]
+    return zoom_labels(np.ascontiguousarray(cropped), tuple(attrs["shape"]), n_classes)

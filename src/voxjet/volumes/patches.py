@@ -64,7 +64,11 @@ class CaseStore:
         storage_options: dict | None = None,
         lookahead: int = 2,
         sizes: dict[str, int] | None = None,
+        previous=None,
     ) -> None:
+        # the cascade's previous stage (voxjet.volumes.cascade.PreviousStage): its channels
+        # are read as the image's last ones
+        self.previous = previous
         # a folder, or an fsspec URL: remote case files are fetched whole in concurrent ranges
         # on first use and kept in memory as stored (compressed); stage datasets bigger than RAM
         # (`sizes`, bytes a case file, e.g. from cases.json, saves a request each)
@@ -133,10 +137,16 @@ class CaseStore:
             f = self.file(case_id)
             where = f"{self.url}/{case_id}.h5"
             local = None if self.remote else str(self.dir / f"{case_id}.h5")
-            self._volumes[case_id] = tuple(
+            image, label = (
                 open_array(f, name, axis, where, local, self.cache, (case_id, name))
                 for name, axis in (("image", 1), ("label", 0))
             )
+            if self.previous is not None:
+                from voxjet.volumes.cascade import CascadeImage
+
+                seg = self.previous.segmentation(case_id, f.attrs)
+                image = CascadeImage(image, seg, self.previous)
+            self._volumes[case_id] = (image, label)
         return self._volumes[case_id]
 
     def foreground(self, case_id: str) -> list[np.ndarray]:
@@ -308,6 +318,12 @@ class PatchSampler:
         self._spatial: dict = {}
         self._intensity = (make_intensity(slice_axis) if augment and not self.on_device
                            else None)  # fmt: skip
+        previous = getattr(store, "previous", None)
+        self.extra = previous.channels if previous is not None else 0
+        if self.extra and self.on_device:
+            raise VoxjetError("a cascade's batches are augmented in the loader (its previous "
+                              "stage's channels move with the label there); set "
+                              "train.augment_on: loader")  # fmt: skip
 
     def cases(self, rank: int, epoch: int, index: int) -> list[str]:
         """The cases the batch at this position draws its patches from (known before any
@@ -385,22 +401,33 @@ class PatchSampler:
             # seeded from the batch's generator: the same position gives the same patch
             rotate, scale = aug_rng.random() < P_ROTATE, aug_rng.random() < P_SCALE
             seed = int(aug_rng.integers(2**31))
+            # a cascade's previous-stage channels move with the label (nearest) and skip the
+            # intensity transforms
+            c = imgs.shape[1] - self.extra
             if rotate or scale:
                 img, lbl = read_patch(image, label, centre, self.big)
                 tf = self._spatial_tf(rotate, scale)
                 tf.set_random_state(seed=seed)
-                moved = tf({"image": img, "label": lbl[None]})
-                imgs[i] = np.asarray(moved["image"], np.float32)
-                lbls[i] = np.asarray(moved["label"], np.uint8)[0]
+                moved = tf({"image": img[:c], "label": _with_label(lbl, img[c:])})
+                imgs[i, :c] = np.asarray(moved["image"], np.float32)
+                imgs[i, c:] = np.asarray(moved["label"][1:], np.float32)
+                lbls[i] = np.asarray(moved["label"][0], np.uint8)
             else:
                 read_patch(image, label, centre, self.patch, out=(imgs[i], lbls[i]))
             self._intensity.set_random_state(seed=seed + 1)
-            aug = self._intensity({"image": imgs[i], "label": lbls[i][None]})
-            imgs[i] = np.asarray(aug["image"], np.float32)
-            lbls[i] = np.asarray(aug["label"], np.uint8)[0]
+            together = _with_label(lbls[i], imgs[i, c:])
+            aug = self._intensity({"image": imgs[i, :c], "label": together})
+            imgs[i, :c] = np.asarray(aug["image"], np.float32)
+            imgs[i, c:] = np.asarray(aug["label"][1:], np.float32)
+            lbls[i] = np.asarray(aug["label"][0], np.uint8)
         batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
         # labels as stored (uint8): the task widens them on the device (8x fewer bytes to move)
         return {**batch, **(params or {}), "source": source}
+
+
+def _with_label(label: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """[1 + k, …]: the label, then a cascade's k previous-stage channels (none: as it is)."""
+    return label[None] if not len(previous) else np.concatenate([label[None], previous])
 
 
 def _empty(specs: dict) -> dict[str, np.ndarray]:

@@ -199,6 +199,12 @@ def run_volume_predict(
                 f"{path}: this model does not record the plan it was trained with (an older "
                 "voxjet); retrain it to predict on new images"
             )
+        if mc["plan"].get("configuration") == "3d_cascade_fullres":
+            raise VoxjetError(
+                f"{path}: a 3d_cascade_fullres model reads its 3d_lowres stage's segmentation of "
+                "each image, which voxjet predict does not make yet; predict with the 3d_lowres "
+                "or another configuration's experiment (evaluation scores the cascade)"
+            )
         cfg = cfg or mc
         same = ("labels", "regions", "channels", "num_classes")
         if any(mc["plan"].get(k) != cfg["plan"].get(k) for k in same) or (

@@ -316,6 +316,8 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
                          patch=cfg.patch_size)  # fmt: skip
     if lowres is not None:  # cases several times the patch: nnU-Net's low-resolution stage
         configurations["3d_lowres"] = lowres
+        # the full-resolution network fed the low-resolution one's segmentation
+        configurations["3d_cascade_fullres"] = {"previous_stage": "3d_lowres"}
     # float32 a channel and a uint8 label a voxel, as training reads them
     decoded = float(np.prod(shapes, axis=1).sum()) * (4 * len(ds.channels) + 1)
     memory = cfg.node_memory_gb * GIB if cfg.node_memory_gb else node_memory_bytes()

@@ -62,6 +62,7 @@ class SegTask:
         s: TrainSettings,
         read: ReadOptions | None = None,
         configuration: str = "3d_fullres",
+        previous: dict[str, list[str]] | None = None,
     ) -> None:
         self.dir = str(cases_dir)  # a folder or an fsspec URL
         r = read or ReadOptions()
@@ -80,8 +81,9 @@ class SegTask:
             )
         remote = {"fetch": r.fetch, "storage_options": r.storage_options, "lookahead": r.lookahead,
                   "sizes": case_sizes(self.dir, r)}  # fmt: skip
-        self.train_store = CaseStore(self.dir, train_ids, **remote)
-        self.val_store = CaseStore(self.dir, val_ids, **remote)
+        self.previous = self._previous_stage(previous)
+        self.train_store = CaseStore(self.dir, train_ids, **remote, previous=self.previous)
+        self.val_store = CaseStore(self.dir, val_ids, **remote, previous=self.previous)
         self.sampler = PatchSampler(
             self.train_store,
             self.plan["patch_size"],
@@ -139,6 +141,20 @@ class SegTask:
             DiceCELoss(sigmoid=True) if self.regions else DiceCELoss(to_onehot_y=True, softmax=True)
         )
         self.experiment = ""  # for the trackers (MLflow's experiment)
+
+    def _previous_stage(self, previous: dict[str, list[str]] | None):
+        """The cascade's low-resolution segmentations (None for other configurations)."""
+        if self.plan.get("configuration") != "3d_cascade_fullres":
+            return None
+        if not previous or not previous.get("validations"):
+            raise VoxjetError(
+                "configuration 3d_cascade_fullres: no 3d_lowres validations given; train it "
+                "through the workflow (experiment `previous:` names the 3d_lowres experiment), "
+                "or give train-seg --previous-validations (its folds' validation folders)"
+            )
+        from voxjet.volumes.cascade import PreviousStage
+
+        return PreviousStage(previous["validations"], previous.get("predictions", []), self.plan)
 
     def build_model(self) -> nn.Module:
         return build_seg_model(self.model_cfg)
@@ -231,7 +247,10 @@ class SegTask:
         the per-case Dice values are gathered and every rank averages them the same way."""
         mine = {}
         for cid in self.val_store.case_ids[rt.rank :: rt.world_size]:
-            image, label = read_case_arrays(self.val_store.file(cid))
+            f = self.val_store.file(cid)
+            image, label = read_case_arrays(f)
+            if self.previous is not None:
+                image = self.previous.with_image(image, cid, f.attrs)
             pred = predict_case(model, image, self.plan["patch_size"], device, plan=self.plan)
             mine[cid] = {
                 c: m["dice"] for c, m in seg_metrics(pred, label, self.plan).items() if m["present"]
@@ -251,36 +270,47 @@ class SegTask:
 
 
 def run(
-    cases_dir: str, run_config: dict[str, Any], out_dir: str, read: dict | None = None
+    cases_dir: str,
+    run_config: dict[str, Any],
+    out_dir: str,
+    read: dict | None = None,
+    previous: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Train one run of a segmentation experiment into `out_dir` (case files from a folder or
-    a URL, read with the dataset's `read:` settings)."""
+    a URL, read with the dataset's `read:` settings; a cascade's `previous` stage: its
+    validation folders and test prediction folders)."""
     rt = init_runtime()
     try:
         # read.node_local: the node's processes read one copy in node-local storage
         with localised(cases_dir, read) as where:
-            task, s = make_task(where, run_config, read)
+            task, s = make_task(where, run_config, read, previous)
             return train(task, s, out_dir, rt, rate_key="patches_per_s")
     finally:
         shutdown(rt)
 
 
-def make_task(cases_dir: str, run_config: dict[str, Any],
-              read: dict | None = None) -> tuple[SegTask, TrainSettings]:  # fmt: skip
+def make_task(
+    cases_dir: str,
+    run_config: dict[str, Any],
+    read: dict | None = None,
+    previous: dict[str, list[str]] | None = None,
+) -> tuple[SegTask, TrainSettings]:
     """The task and settings a run config describes (for training, and for the planner's
     profile of one step)."""
     opts = ReadOptions.from_config(read)
     s = TrainSettings(**run_config.get("train", {}))
+    configuration = run_config.get("configuration", "3d_fullres")
     if s.augment_on is None:  # a GPU augments its batches; a CPU's loader does
         from voxjet.distributed.gpus import job_device
 
         s.augment_on = "device" if job_device() == "cuda" else "loader"
-    configuration = run_config.get("configuration", "3d_fullres")
+        if configuration == "3d_cascade_fullres":  # its previous stage moves with the label
+            s.augment_on = "loader"
     if s.batch_size is None:  # the plan's, from the GPU memory budget
         plan = effective_plan(read_json_at(cases_dir, "plan.json", opts), configuration,
                               f"{cases_dir}/plan.json")  # fmt: skip
         s.batch_size = int(plan["batch_size"])
     task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts,
-                   configuration=configuration)  # fmt: skip
+                   configuration=configuration, previous=previous)  # fmt: skip
     task.experiment = run_config.get("experiment", "")
     return task, s

@@ -283,6 +283,32 @@ def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp
     assert cascade["model_config"]["in_channels"] == 1 + 2  # the image, organ and lesion
     test = json.loads((wf / "results/ct/runs/cascade_fold-0/eval/metrics.json").read_text())
     assert test["n_cases"] >= 1
+    # predict chains the stages: the lowres models' segmentation of the image fed on; with the
+    # fold-0 models of both it equals what evaluation predicted for the test case
+    from voxjet.distributed.runtime import init_runtime
+    from voxjet.volumes.predict import run_volume_predict
+
+    splits = json.loads((wf / "results/ct/cases/splits.json").read_text())
+    cid = splits["test"][0]
+    image = wf / "resources/ct/data/imagesTr" / f"{cid}.nii.gz"  # the staged copy
+    out = tmp_path / "predicted"
+    out.mkdir()
+    runs = wf / "results/ct/runs"
+    (seg,) = run_volume_predict([str(runs / "cascade_fold-0/model.pt")], [str(image)], out,
+                                init_runtime(),
+                                previous_models=[str(runs / "coarse_fold-0/model.pt")])  # fmt: skip
+    got = np.asarray(nib.load(seg).dataobj)
+    evaluated = np.asarray(nib.load(runs / f"cascade_fold-0/eval/predictions/{cid}.nii.gz").dataobj)
+    assert got.shape == evaluated.shape and (got == evaluated).mean() > 0.999
+    with pytest.raises(VoxjetError, match="give that experiment's fold models"):
+        run_volume_predict([str(runs / "cascade_fold-0/model.pt")], [str(image)], out,
+                           init_runtime())  # fmt: skip
+    # and the workflow's predict of the cascade is given the lowres fold models
+    cfg["predict"] = {"new": {"experiment": "cascade", "input": str(image)}}
+    write_config(wf / "c.yaml", cfg)
+    dry = run_snakemake(wf, *args, "-n", "-p", "--until", "predict")
+    (block,) = [b for b in dry.stdout.split("\nrule ") if b.startswith("predict:")]
+    assert all(f"coarse_fold-{k}/model.pt" in block.split("--previous-model")[1] for k in (0, 1))
     plans = {}
     for name in names:
         saved = torch.load(wf / f"results/ct/runs/{name}_fold-0/model.pt", weights_only=False)

@@ -185,7 +185,8 @@ def _predict(a: argparse.Namespace) -> None:
     from voxjet.predict import run_predict
 
     run_predict(a.model, a.input, a.out, a.observers, a.step_size, a.batch_size, a.overlap,
-                a.mirror, a.probabilities, tree=a.tree, choice=a.choice)  # fmt: skip
+                a.mirror, a.probabilities, tree=a.tree, choice=a.choice,
+                previous_models=a.previous_model)  # fmt: skip
 
 
 def _export(a: argparse.Namespace) -> None:
@@ -434,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--out", required=True, help="folder for one output a file / case")
     s.add_argument("--observers", nargs="*", default=[], help="jets: branches copied through")
+    s.add_argument("--previous-model", nargs="*", default=[],
+                   help="volumes, a 3d_cascade_fullres model: the 3d_lowres experiment's fold "
+                        "models, whose segmentation of each image it is fed")  # fmt: skip
     s.add_argument(
         "--tree", default=None,
         help="jets: the tree to score (default: the training files' tree, else the one tree "

@@ -98,10 +98,12 @@ def run_predict(
     probabilities: bool = False,
     tree: str | None = None,
     choice: str | None = None,
+    previous_models: list[str] = (),
 ) -> list[Path]:
     """Predict every input with this process's share; returns the outputs written here.
     `choice`: a dataset's best configuration (find-best's choice.json): its configurations'
-    fold models averaged and its post-processing applied."""
+    fold models averaged and its post-processing applied; `previous_models`: a cascade's
+    3d_lowres fold models, whose segmentation it is fed."""
     from voxjet.distributed.runtime import init_runtime, shutdown
 
     refuse_overlap(out_dir, inputs, "predict", "--out")
@@ -119,7 +121,8 @@ def run_predict(
             from voxjet.volumes.predict import run_volume_predict
 
             return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities,
-                                      postprocessing=post)  # fmt: skip
+                                      postprocessing=post,
+                                      previous_models=list(previous_models))  # fmt: skip
         from voxjet.jets.predict import predict_file
         from voxjet.jets.tagger import load_tagger
 

@@ -114,6 +114,15 @@ def predict_models(wildcards):
     return [f"{r.run_dir}/model.pt" for r in PREDICTIONS[wildcards.name]]
 
 
+def predict_previous(wildcards):
+    """A cascade among the predicted runs: its 3d_lowres experiment's fold models (nnU-Net
+    predicts the low-resolution stage first and feeds its segmentation on)."""
+    out = []
+    for run in PREDICTIONS[wildcards.name]:
+        out += [f"{r.run_dir}/model.pt" for r in previous_runs(run)]
+    return sorted(set(out))
+
+
 def predict_choice(wildcards):
     """`run: best`: the dataset's choice.json, made by find_best."""
     p = config["predict"][wildcards.name]
@@ -135,6 +144,9 @@ def predict_options(wildcards):
     if p.get("tree"):
         opts.append(f"--tree {shlex.quote(p['tree'])}")
     opts += [f"--choice {shlex.quote(c)}" for c in predict_choice(wildcards)]
+    previous = predict_previous(wildcards)
+    if previous:
+        opts.append("--previous-model " + " ".join(shlex.quote(m) for m in previous))
     return " ".join(opts)
 
 

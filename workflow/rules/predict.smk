@@ -6,7 +6,8 @@ rule predict:
     input:
         models=predict_models,
         choice=predict_choice,
-        ledger=ledgers(predict_models),
+        previous=predict_previous,
+        ledger=ledgers(predict_models, predict_previous),
     output:
         directory("results/predict/{name}/part_{chunk}"),
     params:

@@ -22,6 +22,21 @@ import numpy as np
 from voxjet.errors import VoxjetError
 
 
+def one_hot(seg: np.ndarray, num_classes: int) -> np.ndarray:
+    """[k, …] float32 channels, one a foreground class (1 … num_classes − 1), of a label map."""
+    return np.stack([(seg == c) for c in range(1, num_classes)]).astype(np.float32)
+
+
+def cascade_input(prepared: np.ndarray, previous: np.ndarray, attrs: dict,
+                  plan: dict) -> np.ndarray:  # fmt: skip
+    """A new image's network input for a cascade model: its prepared channels, then the
+    previous stage's segmentation of it (on the image's original grid) in the plan's space."""
+    from voxjet.volumes.geometry import labels_to_plan
+
+    n = int(plan["num_classes"])
+    return np.concatenate([prepared, one_hot(labels_to_plan(previous, attrs, n), n)])
+
+
 class PreviousStage:
     """Where each case's low-resolution segmentation is (validation probabilities of the
     lowres folds, then the lowres run's test predictions) and the plan-space one-hot channels
@@ -76,14 +91,11 @@ class PreviousStage:
             self._seg[case_id] = labels_to_plan(label, attrs, int(self.plan["num_classes"]))
         return self._seg[case_id]
 
-    def one_hot(self, seg: np.ndarray) -> np.ndarray:
-        """[k, …] float32 channels, one a foreground class, of a plan-space label map."""
-        return np.stack([(seg == c) for c in self.classes]).astype(np.float32)
-
     def with_image(self, image: np.ndarray, case_id: str, attrs) -> np.ndarray:
         """The network's input of a whole case: the image's channels, then the previous
         stage's."""
-        return np.concatenate([image, self.one_hot(self.segmentation(case_id, attrs))])
+        seg = self.segmentation(case_id, attrs)
+        return np.concatenate([image, one_hot(seg, int(self.plan["num_classes"]))])
 
 
 class CascadeImage:

@@ -119,23 +119,31 @@ def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment(models: list, case: InputCase, cfg: dict, device: torch.device, overlap: float,
-            mirror: bool, probabilities: bool = False) -> tuple:  # fmt: skip
+            mirror: bool, probabilities: bool = False,
+            previous: np.ndarray | None = None) -> tuple:  # fmt: skip
     """(the case's label map on its original grid, its affine, and with `probabilities` the
     class or region probabilities there, channels last, else None); several models' outputs
-    are averaged (the folds of a cross-validation)."""
+    are averaged (the folds of a cross-validation). A cascade's models are fed `previous`, the
+    3d_lowres stage's label map of the case on its original grid."""
     from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing
     from voxjet.volumes.inference import predict_probs, to_labels
     from voxjet.volumes.preprocess import to_plan_space
 
     image, affine = load_channels(case)
-    want = int(cfg["in_channels"])
+    cascade = cfg["plan"].get("configuration") == "3d_cascade_fullres"
+    want = int(cfg["in_channels"]) - (int(cfg["plan"]["num_classes"]) - 1 if cascade else 0)
     if image.shape[0] != want:
         raise VoxjetError(
             f"{case.files[0]}: case {case.case_id!r} has {image.shape[0]} channel(s), the model "
             f"was trained on {want}; give its channels as {case.case_id}_0000 … _{want - 1:04d}"
         )
     plan, fp = cfg["plan"], cfg["fingerprint"]
-    prepared, box, _ = to_plan_space(image, ras_spacing(affine), plan, fp)
+    prepared, box, shape = to_plan_space(image, ras_spacing(affine), plan, fp)
+    if cascade:
+        from voxjet.volumes.cascade import cascade_input
+
+        where = {"crop_box": box, "original_affine": affine, "shape": shape}
+        prepared = cascade_input(prepared, previous, where, plan)
     probs = None
     for model in models:
         p = predict_probs(model, prepared, plan["patch_size"], device, overlap, mirror=mirror,
@@ -157,6 +165,7 @@ def segment_ensemble(
     overlap: float,
     mirror: bool,
     probabilities: bool = False,
+    previous: np.ndarray | None = None,
 ) -> tuple:
     """`segment` for models of different configurations (nnU-Net's ensemble of, e.g., 2d and
     3d_fullres): each configuration's models averaged in its own plan space, then the
@@ -166,12 +175,28 @@ def segment_ensemble(
 
     soft = None
     for cfg, models in groups:
-        _, affine, p = segment(models, case, cfg, device, overlap, mirror, probabilities=True)
+        _, affine, p = segment(models, case, cfg, device, overlap, mirror, True, previous)
         soft = p if soft is None else soft + p
     soft = soft / len(groups)
     plan = groups[0][0]["plan"]
     labels = to_labels(torch.from_numpy(np.moveaxis(soft, -1, 0)), plan)
     return labels, affine, soft if probabilities else None
+
+
+def _lowres_stage(paths: list[str], rt) -> tuple[dict, list]:
+    """A cascade's previous stage: the 3d_lowres fold models (one plan), averaged."""
+    from voxjet.volumes.evaluate import load_trained
+
+    cfg, models = None, []
+    for path in paths:
+        model, saved = load_trained(path)
+        mc = saved["model_config"]
+        if mc.get("plan", {}).get("configuration") != "3d_lowres":
+            raise VoxjetError(f"{path}: --previous-model takes the 3d_lowres stage's models; "
+                              "this one is not one")  # fmt: skip
+        cfg = cfg or mc
+        models.append(model.to(rt.device).eval())
+    return cfg, models
 
 
 def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
@@ -183,6 +208,7 @@ def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
 def run_volume_predict(
     model_paths: list[str], inputs: list[str], out: Path, rt, overlap: float = 0.5,
     mirror: bool = False, probabilities: bool = False, postprocessing: dict | None = None,
+    previous_models: list[str] = (),
 ) -> list[Path]:  # fmt: skip
     """Segment this process's share of the cases into `<out>/<case>.nii.gz` (several models:
     their probabilities averaged); with `probabilities` also `<case>_probabilities.nii.gz`,
@@ -199,11 +225,11 @@ def run_volume_predict(
                 f"{path}: this model does not record the plan it was trained with (an older "
                 "voxjet); retrain it to predict on new images"
             )
-        if mc["plan"].get("configuration") == "3d_cascade_fullres":
+        if mc["plan"].get("configuration") == "3d_cascade_fullres" and not previous_models:
             raise VoxjetError(
-                f"{path}: a 3d_cascade_fullres model reads its 3d_lowres stage's segmentation of "
-                "each image, which voxjet predict does not make yet; predict with the 3d_lowres "
-                "or another configuration's experiment (evaluation scores the cascade)"
+                f"{path}: a 3d_cascade_fullres model is fed its 3d_lowres stage's segmentation "
+                "of each image; give that experiment's fold models (predict --previous-model; "
+                "the workflow does)"
             )
         cfg = cfg or mc
         same = ("labels", "regions", "channels", "num_classes")
@@ -214,15 +240,20 @@ def run_volume_predict(
                               "models averaged must share their dataset")  # fmt: skip
         key = json.dumps(mc["plan"], sort_keys=True)
         groups.setdefault(key, (mc, []))[1].append(model.to(rt.device).eval())
+    cascades = any(mc["plan"].get("configuration") == "3d_cascade_fullres"
+                   for mc, _ in groups.values())  # fmt: skip
+    low = _lowres_stage(previous_models, rt) if cascades else None
     cases = case_inputs(inputs)
     written = []
     for case in cases[rt.rank :: rt.world_size]:
+        # nnU-Net's cascade: the lowres stage's ensemble first, its segmentation fed on
+        previous = segment(low[1], case, low[0], rt.device, overlap, mirror)[0] if low else None
         if len(groups) == 1:
             seg, affine, soft = segment(groups[key][1], case, cfg, rt.device, overlap, mirror,
-                                        probabilities)  # fmt: skip
+                                        probabilities, previous)  # fmt: skip
         else:
             seg, affine, soft = segment_ensemble(list(groups.values()), case, rt.device, overlap,
-                                                 mirror, probabilities)  # fmt: skip
+                                                 mirror, probabilities, previous)  # fmt: skip
         if postprocessing:  # the best configuration's (find-best), as validated
             from voxjet.volumes.best import apply_postprocessing
 

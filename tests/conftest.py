@@ -115,6 +115,20 @@ def fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     return env, state
 
 
+def toy_cases(root: Path, synth, prep) -> Path:
+    """Toy CT cases generated (`synth`: a ToyVolumesConfig, into root/msd) and preprocessed
+    (`prep`: a VolumePrepConfig) into root/cases, as the workflow's jobs make them."""
+    import json
+
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.synth import generate_dataset
+
+    msd = generate_dataset(root / "msd", synth, progress=False)
+    (root / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
+    preprocess_dataset(root / "manifest.json", root / "cases", prep)
+    return root / "cases"
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """Jet shards of a small toy dataset (4 classes × 200 jets), staged and sharded."""

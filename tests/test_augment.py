@@ -239,17 +239,15 @@ def test_patches_not_turned_are_mirrored_unless_cut_mirrored():
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from conftest import toy_cases
+
+    from voxjet.volumes.preprocess import VolumePrepConfig
+    from voxjet.volumes.synth import ToyVolumesConfig
 
     root = tmp_path_factory.mktemp("aug")
     cfg = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(40, 40, 16),
                            max_shape=(44, 40, 18))  # fmt: skip
-    msd = generate_dataset(root / "msd", cfg, progress=False)
-    (root / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
-    preprocess_dataset(root / "manifest.json", root / "cases",
-                       VolumePrepConfig(patch_size=[24, 24, 12], network_depth=2))  # fmt: skip
-    return root / "cases"
+    return toy_cases(root, cfg, VolumePrepConfig(patch_size=[24, 24, 12], network_depth=2))
 
 
 def _sampler(cases, batch=6):

@@ -11,13 +11,13 @@ import h5py
 import nibabel as nib
 import numpy as np
 import pytest
-from conftest import job_counts, run_snakemake, write_config
+from conftest import job_counts, run_snakemake, toy_cases, write_config
 from scipy import ndimage
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.best import PROBABILITIES, find_best, save_probabilities
-from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
-from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+from voxjet.volumes.preprocess import VolumePrepConfig
+from voxjet.volumes.synth import ToyVolumesConfig
 
 SMALL = ToyVolumesConfig(
     train_cases=5, test_cases=1, min_shape=(40, 40, 16), max_shape=(48, 48, 20)
@@ -27,11 +27,7 @@ SMALL = ToyVolumesConfig(
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("best")
-    msd = generate_dataset(tmp / "msd", SMALL, progress=False)
-    (tmp / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
-    preprocess_dataset(tmp / "manifest.json", tmp / "cases",
-                       VolumePrepConfig(patch_size=[32, 32, 16], network_depth=2))  # fmt: skip
-    return tmp / "cases"
+    return toy_cases(tmp, SMALL, VolumePrepConfig(patch_size=[32, 32, 16], network_depth=2))
 
 
 def _references(cases: Path) -> dict[str, np.ndarray]:

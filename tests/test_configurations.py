@@ -14,13 +14,14 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from conftest import toy_cases
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.configurations import effective_plan, plan_2d, slice_axis
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import PatchSampler
 from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
-from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+from voxjet.volumes.synth import ToyVolumesConfig
 
 NET2D = {"kernels": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "filters": [4, 8, 16]}
 
@@ -164,11 +165,8 @@ def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
 
     small = ToyVolumesConfig(train_cases=4, test_cases=1, min_shape=(36, 36, 12),
                              max_shape=(40, 40, 14))  # fmt: skip
-    msd = generate_dataset(tmp_path / "msd", small, progress=False)
-    (tmp_path / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
-    preprocess_dataset(tmp_path / "manifest.json", tmp_path / "cases",
-                       VolumePrepConfig(patch_size=[32, 32, 8], network_depth=2,
-                                        val_fraction=0.25, test_fraction=0.2))  # fmt: skip
+    toy_cases(tmp_path, small, VolumePrepConfig(patch_size=[32, 32, 8], network_depth=2,
+                                                val_fraction=0.25, test_fraction=0.2))  # fmt: skip
     plan = json.loads((tmp_path / "cases" / "plan.json").read_text())
     two = plan["configurations"]["2d"]
     assert two["slice_axis"] == 2 and two["patch_size"][2] == 1  # the toy CT: thick z slices
@@ -202,7 +200,7 @@ def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
 
     run(str(tmp_path / "cases"), {**cfg, "configuration": "3d_fullres"}, str(tmp_path / "run3"))
     models = [str(tmp_path / r / "model.pt") for r in ("run", "run3")]
-    (image,) = sorted((msd / "imagesTs").glob("*.nii.gz"))
+    (image,) = sorted((tmp_path / "msd" / "imagesTs").glob("*.nii.gz"))
     rt = init_runtime()
     soft = []
     for k, path in enumerate(models):
@@ -332,10 +330,7 @@ def test_a_lowres_segmentation_reaches_the_cascade_as_the_case_files_label_did(t
 
     small = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(36, 36, 12),
                              max_shape=(40, 40, 14))  # fmt: skip
-    msd = generate_dataset(tmp_path / "msd", small, progress=False)
-    (tmp_path / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))
-    preprocess_dataset(tmp_path / "manifest.json", tmp_path / "cases",
-                       VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))  # fmt: skip
+    toy_cases(tmp_path, small, VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))
     plan = json.loads((tmp_path / "cases" / "plan.json").read_text())
     cids = sorted(p.stem for p in (tmp_path / "cases").glob("*.h5"))
     val, pred = tmp_path / "fold0" / "validation", tmp_path / "fold0" / "eval" / "predictions"

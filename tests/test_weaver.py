@@ -280,8 +280,8 @@ def _refused(tmp_path, change, match):
     "change,match",
     [
         (lambda c: c.update(weights={"reweight_method": "flat"}), "weights.reweight_vars: two"),
-        (lambda c: c.update(labels={"type": "custom", "value": {"t": "x"}}),
-         "labels of type 'custom'"),
+        (lambda c: c.update(labels={"type": "hybrid", "value": ["x"]}),
+         "labels of type 'hybrid'"),
         (lambda c: c["preprocess"].update(method="standard"), "method 'standard'"),
         (lambda c: c["inputs"]["pf_mask"].update(pad_mode="wrap"), "a mask is padded with"),
         (lambda c: c["inputs"]["pf_features"].update(pad_mode="edge"), "pad_mode 'edge'"),

@@ -28,14 +28,29 @@ TOLERANCE = 1e-4  # max |exported − eager| accepted
 
 
 class Softmax(nn.Module):
-    """The tagger with its class probabilities as output (what an analysis consumes)."""
+    """The tagger with its class probabilities as output (what an analysis consumes), and,
+    for a model with regression targets, a second output: the targets in their units."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, n_classes: int | None = None,
+                 targets: dict | None = None) -> None:  # fmt: skip
         super().__init__()
-        self.model = model
+        self.model, self.n_classes = model, n_classes
+        targets = targets or {"mean": [], "std": []}
+        self.register_buffer("mean", torch.tensor(targets["mean"], dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(targets["std"], dtype=torch.float32))
 
-    def forward(self, particles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.model(particles, mask).float(), dim=1)
+    def forward(self, particles: torch.Tensor, mask: torch.Tensor):
+        out = self.model(particles, mask).float()
+        probs = torch.softmax(out[:, : self.n_classes], dim=1)  # None: every output a class
+        if not self.mean.numel():
+            return probs
+        return probs, out[:, self.n_classes :] * self.std + self.mean
+
+
+def _joined(out) -> np.ndarray:
+    """A model's output(s) as one array [jets, classes + targets] (for the comparison)."""
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return np.concatenate([np.asarray(o) for o in outs], axis=1)
 
 
 def _jet_inputs(b: int, p: int, f: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,15 +68,16 @@ def _check(name: str, run, eager: nn.Module, n_features: int) -> float:
     for i, (b, p) in enumerate(CHECK_SHAPES):
         x, mask = _jet_inputs(b, p, n_features, seed=i)
         with torch.no_grad():
-            want = eager(x, mask).numpy()
-        got = np.asarray(run(x, mask))
+            want = _joined(eager(x, mask))
+        got = _joined(run(x, mask))
         if got.shape != want.shape:
             raise VoxjetError(f"export {name}: output of shape {got.shape} for {b} jets of {p} "
                               f"particles, the model gives {want.shape}")  # fmt: skip
-        worst = max(worst, float(np.abs(got - want).max()))
+        # relative where a regression target is large (a mass in GeV), absolute below 1
+        worst = max(worst, float((np.abs(got - want) / np.maximum(np.abs(want), 1)).max()))
     if worst > TOLERANCE:
         raise VoxjetError(f"export {name}: differs from the eager model by {worst:.2e} (more "
-                          f"than {TOLERANCE}); not kept")  # fmt: skip
+                          f"than {TOLERANCE}, relative above 1); not kept")  # fmt: skip
     return worst
 
 
@@ -69,7 +85,8 @@ def _check(name: str, run, eager: nn.Module, n_features: int) -> float:
 ONNX_INLINE_LIMIT = 2 * 2**30 - 64 * 2**20
 
 
-def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> tuple[float, list]:
+def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
+                outputs: tuple[str, ...] = ("softmax",)) -> tuple[float, list]:  # fmt: skip
     """The tagger as ONNX with dynamic batch and particle count; the largest deviation and the
     files written (the model alone, or with `<name>.data` when its weights pass 2 GB). The
     check loads a copy of those files from another folder: what is deployed is what passed."""
@@ -80,7 +97,7 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> 
                           "pip install 'voxjet[export]'") from e  # fmt: skip
 
     x, mask = _jet_inputs(2, length, n_features, seed=9)
-    names = {"input_names": ["particles", "mask"], "output_names": ["softmax"]}
+    names = {"input_names": ["particles", "mask"], "output_names": list(outputs)}
     weights = sum(t.numel() * t.element_size() for t in tagger.state_dict().values())
     external = weights > ONNX_INLINE_LIMIT
     # written under its final name inside a private folder, so that an external-data file is
@@ -102,7 +119,8 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> 
                 print(f"export: torch.export could not export it ({type(e).__name__}); tracing",
                       file=sys.stderr)  # fmt: skip
                 axes = {"particles": {0: "jets", 1: "particles"},
-                        "mask": {0: "jets", 1: "particles"}, "softmax": {0: "jets"}}  # fmt: skip
+                        "mask": {0: "jets", 1: "particles"},
+                        **{name: {0: "jets"} for name in outputs}}  # fmt: skip
                 torch.onnx.export(tagger, (x, mask), str(staged), dynamo=False,
                                   dynamic_axes=axes, opset_version=17, **names)  # fmt: skip
                 how = "TorchScript tracing"
@@ -117,7 +135,7 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path) -> 
                                            providers=["CPUExecutionProvider"])  # fmt: skip
 
             def run(p, m):
-                return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})[0]
+                return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})
 
             worst = _check("onnx", run, tagger, n_features)
         for f in sorted(files, key=lambda f: f == path.name):  # the model last: it counts
@@ -138,7 +156,7 @@ def export_torchscript_tagger(tagger: nn.Module, n_features: int, length: int, p
         torch.jit.save(traced, str(tmp))
     loaded = torch.jit.load(str(path))
     with torch.no_grad():
-        return _check("torchscript", lambda p, m: loaded(p, m).numpy(), tagger, n_features)
+        return _check("torchscript", loaded, tagger, n_features)
 
 
 def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike) -> Path:
@@ -168,14 +186,16 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
             "--export-onnx`, which builds its inference variant of the network); voxjet "
             "exports pfn, particlenet, part and the U-Nets"
         )
-    tagger = Softmax(model.eval()).eval()
+    targets = cfg.get("targets")
+    tagger = Softmax(model.eval(), len(cfg["classes"]), targets).eval()
+    outputs = ("softmax", "targets") if targets else ("softmax",)
     n_features, length = (
         int(cfg["n_features"]),
         int((cfg.get("data") or {}).get("max_particles", 64)),
     )
     if fmt == "onnx":
         target = out / "model.onnx"
-        worst, files = export_onnx(tagger, n_features, length, target)
+        worst, files = export_onnx(tagger, n_features, length, target, outputs)
     elif fmt == "torchscript":
         target = out / "model.ts"
         worst = export_torchscript_tagger(tagger, n_features, length, target)
@@ -193,8 +213,19 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
                 + ", ".join(cfg.get("feature_names") or []),
                 "mask": "bool [jets, particles]: true for real particles",
             },
-            "output": {"softmax": f"float32 [jets, {len(cfg['classes'])}]: {cfg['classes']}"},
+            "output": {
+                "softmax": f"float32 [jets, {len(cfg['classes'])}]: {cfg['classes']}",
+                **(
+                    {
+                        "targets": f"float32 [jets, {len(targets['names'])}]: "
+                        f"{targets['names']} in their units"
+                    }
+                    if targets
+                    else {}
+                ),
+            },  # fmt: skip
             "classes": cfg["classes"],
+            "targets": list((targets or {}).get("names") or []),
             "jets_config": cfg.get("data"),
             "max_abs_deviation_from_eager": worst,
             "source": str(model_path),

@@ -27,6 +27,7 @@ class JetArrays:
     jets: torch.Tensor  # [N, J] float32
     labels: torch.Tensor  # [N] int64
     max_particles: int
+    targets: torch.Tensor | None = None  # [N, T] float32 regression targets, in their units
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -41,12 +42,10 @@ class JetArrays:
             flat = self.particles[torch.from_numpy(ragged_arange(self.offsets[idx], counts))]
         particles, mask = pad_particles(flat, torch.from_numpy(counts), self.max_particles)
         i = torch.from_numpy(idx)
-        return {
-            "particles": particles,
-            "mask": mask,
-            "jets": self.jets[i],
-            "labels": self.labels[i],
-        }
+        out = {"particles": particles, "mask": mask, "jets": self.jets[i], "labels": self.labels[i]}
+        if self.targets is not None:
+            out["targets"] = self.targets[i]
+        return out
 
 
 def load_index(shard_dir: str | os.PathLike, opts: ReadOptions | None = None) -> dict:
@@ -143,11 +142,13 @@ def load_split(
     index = load_index(shard_dir, opts)
     total = sum(s["jets"] for s in index["splits"].get(split, {}).get("shards", []))
     rows = share(total, *part) if part != (0, 1) else None
-    cat = load_columns(shard_dir, split, opts=opts, index=index, rows=rows)
+    names = ("particles", "jets", "labels", *(("targets",) if index.get("targets") else ()))
+    cat = load_columns(shard_dir, split, names, opts=opts, index=index, rows=rows)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
         cat["offsets"],
         torch.from_numpy(cat["jets"]),
         torch.from_numpy(cat["labels"]).long(),
         int(index["max_particles"]),
+        torch.from_numpy(cat["targets"]) if "targets" in cat else None,
     )

@@ -19,7 +19,8 @@ from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
 from voxjet.jets.dataset import load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
-from voxjet.jets.tagger import Tagger, inference_batch, load_trained, score
+from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
+from voxjet.jets.targets import regression_figure, regression_metrics
 from voxjet.report.figures import pyplot, roc_overlay, save_figure
 
 
@@ -59,6 +60,12 @@ def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str)
             f"{model_path}: trained for classes {cfg['classes']} with {cfg['n_features']} particle "
             f"features, but {shard_dir} has {index['classes']} with "
             f"{len(index['particle_features'])}; retrain on these shards"
+        )
+    trained = list((cfg.get("targets") or {}).get("names") or [])
+    if trained != list(index.get("targets") or []):
+        raise VoxjetError(
+            f"{model_path}: trained for the regression targets {trained}, but {shard_dir} "
+            f"holds {index.get('targets') or []}; retrain on these shards"
         )
 
 
@@ -109,14 +116,19 @@ def score_share(
     total = index["splits"]["test"]["jets"]
     lo, hi = share(total, rt.rank, rt.world_size)
     data_cfg = saved["model_config"].get("data") or {"max_particles": index["max_particles"]}
-    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "", inference_batch(saved))
-    names = ("particles", "jets", "labels", "file", "entry")
+    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "", inference_batch(saved),
+                    saved["model_config"].get("targets"))  # fmt: skip
+    names = ("particles", "jets", "labels", "file", "entry",
+             *(("targets",) if tagger.target_names else ()))  # fmt: skip
     with atomic_path(part) as tmp, h5py.File(tmp, "w") as f:
         for a, b in _chunks(lo, hi, chunk):
             c = load_columns(shard_dir, "test", names, opts, index, rows=(a, b))
-            probs = score(tagger, {"particles": c["particles"], "counts": np.diff(c["offsets"])})
+            probs, regressed = infer(tagger, {"particles": c["particles"],
+                                              "counts": np.diff(c["offsets"])})  # fmt: skip
             cols = {"probs": probs, "labels": c["labels"].astype(np.int64),
                     "file": c["file"], "entry": c["entry"]}  # fmt: skip
+            if tagger.target_names:  # in the targets' units
+                cols["targets_pred"], cols["targets_true"] = regressed, c["targets"]
             if mass is not None:
                 col, (edges, table) = mass
                 cols["baseline_probs"] = mass_probabilities(c["jets"][:, col], edges, table)
@@ -140,6 +152,7 @@ def _gather(out: Path, world: int, index: dict) -> Path:
                     _append(f, {k: part[k][lo : lo + 65536] for k in part})
             path.unlink()
         f.attrs["classes"] = index["classes"]
+        f.attrs["targets"] = list(index.get("targets") or [])
         f.attrs["source_files"] = index.get("source_files", [])
     return final
 
@@ -188,12 +201,22 @@ def evaluate(
                 dist.barrier()
             if not rt.is_main:
                 return {}
-            return _metrics_from_predictions(_gather(out, rt.world_size, index), out, index, saved)
+            median = _train_median(shard_dir, index, opts) if index.get("targets") else None
+            return _metrics_from_predictions(_gather(out, rt.world_size, index), out, index, saved,
+                                             median)  # fmt: skip
     finally:
         shutdown(rt)
 
 
-def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -> dict:
+def _train_median(shard_dir: str, index: dict, opts: ReadOptions) -> list[float]:
+    """Each regression target's median over the training split: the constant prediction a
+    regression must beat (a few bytes a jet, read once)."""
+    t = load_columns(shard_dir, "train", ("targets",), opts, index)["targets"]
+    return np.median(t, axis=0).astype(float).tolist()
+
+
+def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
+                              train_median: list[float] | None = None) -> dict:  # fmt: skip
     classes = index["classes"]
     background = index.get("background") or classes[0]
     with h5py.File(path, "r") as f:
@@ -202,7 +225,14 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -
         base = f["baseline_probs"][...] if "baseline_probs" in f else None
         jet_pt = f["jet_pt"][...].astype(np.float64) if "jet_pt" in f else None
         jet_mass = f["jet_sdmass"][...].astype(np.float64) if "jet_sdmass" in f else None
+        regressed = None
+        if "targets_pred" in f:
+            regressed = (f["targets_pred"][...], f["targets_true"][...])
     metrics = jet_metrics(probs, labels, classes, background)
+    if regressed is not None:
+        names = list(index["targets"])
+        metrics["regression"] = regression_metrics(*regressed, names, train_median, jet_pt)
+        regression_figure(out / "regression.png", *regressed, names, metrics["regression"])
     metrics.update(
         {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
     )
@@ -227,4 +257,10 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict) -
     write_json(out / "metrics.json", metrics)
     print(f"test accuracy {metrics['accuracy']:.4f}, macro AUC {metrics['auc_macro']:.4f}",
           file=sys.stderr)  # fmt: skip
+    for name, m in (metrics.get("regression") or {}).items():
+        print(
+            f"test {name}: response {m['response']:.4f}, resolution {m['resolution']:.4f} "
+            f"(training median: {m['median_baseline']['resolution']:.4f})",
+            file=sys.stderr,
+        )
     return metrics

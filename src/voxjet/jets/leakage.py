@@ -2,7 +2,8 @@
 must not read a label branch or a generator-level truth branch, directly or through any
 variable it is computed from. Checked at the config check (the dry run) and again by the
 shard job, naming the input, the branch and the fix; a branch a user really means to feed the
-model goes in `jets.truth_inputs`."""
+model goes in `jets.truth_inputs`. A regression target's expression may read anything (an input
+feature too); a truth branch it reads is named beside the target when an input reads it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,18 @@ from voxjet.jets.variables import variables
 
 # what counts as truth besides the configured label branches: JetClass's label_* and aux_*
 # (generator particles), and the usual generator-level names
-TRUTH_PATTERNS = ("label_*", "aux_*", "*genpart*", "gen_*", "*_truth*", "truth_*", "*_gen", "mc_*")
+TRUTH_PATTERNS = (
+    "label_*",
+    "aux_*",
+    "*genpart*",
+    "gen_*",
+    "*_truth*",
+    "truth_*",
+    "*_gen",
+    "mc_*",
+    "*_gen_*",
+    "*genjet*",
+)
 
 
 def label_branches(labels: list[str] | Mapping[str, Any]) -> list[str]:
@@ -49,9 +61,12 @@ def is_truth(branch: str, labels: list[str] | Mapping[str, Any]) -> bool:
 def check_inputs(jets: Mapping[str, Any], where: str) -> None:
     """Parse every expression (syntax, functions, limits) and refuse an input that reads a
     label or truth branch not listed in `truth_inputs`."""
-    v = variables(
-        jets.get("new_variables") or {}, jets.get("selection"), jets.get("test_time_selection")
-    )
+    from voxjet.jets.targets import expression_names, parse_targets, variable_name
+
+    targets = parse_targets(jets.get("targets"), "jets.targets")
+    v = variables({**(jets.get("new_variables") or {}), **expression_names(targets)},
+                  jets.get("selection"), jets.get("test_time_selection"))  # fmt: skip
+    read_by = {t.name: set(v.branches([variable_name(t.name)])) for t in targets}
     allowed = set(jets.get("truth_inputs") or [])
     labels = jets.get("labels") or []
     inputs = [("particle_features", f) for f in jets.get("particle_features") or []]
@@ -65,6 +80,9 @@ def check_inputs(jets: Mapping[str, Any], where: str) -> None:
         ]  # fmt: skip
         if leaks:
             via = "" if leaks == [name] else f" (through jets.new_variables.{name})"
+            named = sorted(t for t, bs in read_by.items() if bs & set(leaks))
+            if named:
+                via += f", the truth the regression target(s) {named} are computed from"
             raise VoxjetError(
                 f"config key '{where}.{key}': the input {name!r} reads {leaks}{via}, a label "
                 "or generator-level truth branch: a model fed the answer learns nothing it can "

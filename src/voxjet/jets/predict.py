@@ -1,13 +1,14 @@
 """Apply a trained tagger to ROOT files it has never seen (weaver's `--predict`): one output
 file a input file, the same tree with the same entries in the same order, branches
-`score_<class>` and a flag, plus observer branches copied through. The features and their
+`score_<class>`, `pred_<target>` for a model with regression targets (in the target's units) and
+a flag, plus observer branches copied through. The features and their
 standardisation come from the model (model.pt carries the jets config it was trained with), so
 files that were never sharded — without label branches — can be scored. Files are read in
 steps of `step_size` entries: memory does not grow with the file.
 
 A jet that fails the model's selection, or whose input branches hold NaN/inf, keeps its row:
-its scores are SCORE_NOT_SCORED and `selected` says why (SELECTED / FAILED_SELECTION /
-NOT_FINITE); no row is ever dropped or shifted."""
+its scores (and regression outputs) are SCORE_NOT_SCORED and `selected` says why (SELECTED /
+FAILED_SELECTION / NOT_FINITE); no row is ever dropped or shifted."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 from voxjet.jets.features import branches_needed, compute_features, select, variables
-from voxjet.jets.tagger import Tagger, score
+from voxjet.jets.tagger import Tagger, infer
 from voxjet.jets.trees import tree_names, tree_with
 
 SCORE_NOT_SCORED = -1.0
@@ -106,13 +107,16 @@ def scored_chunks(
             flag[keep & finite] = SELECTED
             flag[keep & ~finite] = NOT_FINITE
             scores = np.full((n, len(tagger.classes)), SCORE_NOT_SCORED, np.float32)
+            regressed = np.full((n, len(tagger.target_names)), SCORE_NOT_SCORED, np.float32)
             chosen = flag == SELECTED
             if chosen.any():
                 feats = compute_features(arrays[need][chosen], v, cfg["particle_features"],
                                          cfg["jet_features"], cfg["max_particles"],
                                          cfg["sort_by"])  # fmt: skip
-                scores[chosen] = score(tagger, feats, batch)
+                scores[chosen], regressed[chosen] = infer(tagger, feats, batch)
             out = {f"score_{c}": scores[:, i] for i, c in enumerate(tagger.classes)}
+            # regression targets in their units, beside the scores
+            out.update({f"pred_{t}": regressed[:, i] for i, t in enumerate(tagger.target_names)})
             out["selected"] = flag
             for obs in observers:
                 out[obs] = _observer(arrays, obs, path)
@@ -178,6 +182,7 @@ def predict_file(
                 counts["not_finite"] += int((flag == NOT_FINITE).sum())
             if tree is None:  # an empty tree: an empty output tree with the same branches
                 names = [f"score_{c}" for c in tagger.classes]
+                names += [f"pred_{t}" for t in tagger.target_names]
                 make = fout.mkrntuple if found.get("rntuple") else fout.mktree
                 make(found.get("name", tagger.tree),
                      {**dict.fromkeys(names, np.float32), "selected": np.int8})  # fmt: skip

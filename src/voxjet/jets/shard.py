@@ -38,6 +38,7 @@ from voxjet.jets.features import (
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
+from voxjet.jets.targets import check_values, expression_names, parse_targets, variable_name
 from voxjet.jets.trees import branch_type, tree_names
 from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
@@ -110,6 +111,8 @@ class JetDataConfig:
     weaver_config: str | None = None
     weaver_inputs: dict | None = None
     observers: list[str] = field(default_factory=list)
+    # regression targets beside the classes: {name: {expr, loss, weight}} (voxjet.jets.targets)
+    targets: dict = field(default_factory=dict)
     # weaver's `weights:` section (voxjet.jets.reweight): sampling weights for training
     weights: dict | None = None
     val_fraction: float = 0.1
@@ -340,6 +343,8 @@ def _read_range(
             out["offsets"] = offsets_of(out.pop("counts"))
             if rw is not None:
                 out["reweight"] = reweight_values(arrays, v, rw)
+            if cfg.targets:
+                out["targets"] = target_values(arrays, v, cfg, entries)
             out["labels"] = labels
             out["entry"] = entries
             out["file"] = np.full(len(entries), file_number, np.int32)
@@ -353,6 +358,21 @@ def _read_range(
             f"{e}); the file may be truncated or corrupt: re-stage it"
         ) from e
     return parts
+
+
+def target_values(arrays, v: Variables, cfg: JetDataConfig, entries: np.ndarray) -> np.ndarray:
+    """Each jet's regression targets [N, T] float32, refusing NaN/inf and per-particle values."""
+    names = [t.name for t in parse_targets(cfg.targets)]
+    vals = v.evaluate([variable_name(n) for n in names], arrays)
+    out = np.empty((len(arrays), len(names)), np.float64)
+    for i, name in enumerate(names):
+        x = vals[variable_name(name)]
+        if isinstance(x, ak.Array) and x.ndim > 1:
+            raise VoxjetError(f"jets.targets.{name}: {cfg.targets[name]} has one value a "
+                              "particle; a target is one number a jet")  # fmt: skip
+        out[:, i] = np.asarray(x, np.float64)  # a constant broadcasts
+    check_values(out, names, entries)
+    return out.astype(np.float32)
 
 
 def reweight_values(arrays, v: Variables, rw: dict) -> np.ndarray:
@@ -395,7 +415,13 @@ def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
         "jets_n": int(len(j)),
         "jets_sum": np.einsum("nf->f", j, dtype=np.float64),
         "jets_sumsq": np.einsum("nf,nf->f", j, j, dtype=np.float64),
+        **(_target_sums(data["targets"]) if "targets" in data else {}),
     }
+
+
+def _target_sums(t: np.ndarray) -> dict[str, np.ndarray | int]:
+    return {"targets_n": int(len(t)), "targets_sum": t.sum(0, dtype=np.float64),
+            "targets_sumsq": np.einsum("nf,nf->f", t, t, dtype=np.float64)}  # fmt: skip
 
 
 AUTO_SAMPLE_FILE = "auto_sample.npy"
@@ -475,8 +501,12 @@ def shard_part(
         raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
     for f in files:  # a file in no split (or two) stops the job before any reading
         file_split(f["path"], cfg)
-    v = variables(cfg.new_variables, cfg.selection, cfg.test_time_selection)
+    targets = parse_targets(cfg.targets)
+    v = variables({**cfg.new_variables, **expression_names(targets)}, cfg.selection,
+                  cfg.test_time_selection)  # fmt: skip
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
+    branches += [b for b in v.branches([variable_name(t.name) for t in targets])
+                 if b not in branches]  # fmt: skip
     rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
     if rw is not None:
         branches += [b for b in v.branches(rw["vars"]) if b not in branches]
@@ -511,7 +541,13 @@ def shard_part(
         chunks += data
     classes = class_names(cfg.labels)
     # each shard takes its jets straight from the chunks read: no joined copy of everything
-    keys = (*SHARD_KEYS, "offsets", "split", *(("reweight",) if rw is not None else ()))
+    keys = (
+        *SHARD_KEYS,
+        "offsets",
+        "split",
+        *(("reweight",) if rw is not None else ()),
+        *(("targets",) if targets else ()),
+    )
     chunks = [{k: c[k] for k in keys} for c in chunks]
     none = [np.zeros(0, np.int64)]
     chunk_of = np.repeat(np.arange(len(chunks)), [len(c["labels"]) for c in chunks])
@@ -579,6 +615,7 @@ def index_shards(
         "particle_features": cfg.particle_features,
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
+        "targets": [t.name for t in parse_targets(cfg.targets)],
         "skipped": [s for _, p in parts for s in p["skipped"]],
         "dropped_labels": _add_counts([p.get("dropped_labels", {}) for _, p in parts]),
         # shards' `file` numbers index this list (every part reads the same manifest)
@@ -633,13 +670,13 @@ def index_shards(
     if rw is not None:
         index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
     sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
-    for kind in ("particles", "jets"):
+    for kind in ("particles", "jets", *(("targets",) if cfg.targets else ())):
         n = sum(s[f"{kind}_n"] for s in sums)
         total = np.sum([s[f"{kind}_sum"] for s in sums], axis=0)
         sq = np.sum([s[f"{kind}_sumsq"] for s in sums], axis=0)
         mean = total / max(n, 1)
         std = np.sqrt(np.maximum(sq / max(n, 1) - mean**2, 0))
-        key = "particle" if kind == "particles" else "jet"
+        key = kind.removesuffix("s")
         index[f"{key}_mean"] = np.atleast_1d(mean).tolist()
         index[f"{key}_std"] = np.where(np.atleast_1d(std) > 1e-6, std, 1.0).tolist()
     with atomic_path(out) as tmp:

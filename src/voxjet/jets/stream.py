@@ -111,7 +111,13 @@ class JetStream(torch.utils.data.IterableDataset):
         self.reweight = self.index.get("reweight") if split == "train" else None
         self.tables = (np.asarray(self.reweight["tables"])
                        if self.reweight and not self.reweight["precomputed"] else None)  # fmt: skip
-        self.keys = (*KEYS, "reweight") if self.reweight else KEYS
+        self.keys = (
+            *KEYS,
+            *(("targets",) if self.index.get("targets") else ()),
+            *(("reweight",) if self.reweight else ()),
+        )
+        # what a padded batch carries row by row besides the particles and their mask
+        self.row_keys = (*(k for k in self.keys if k != "reweight"), "source")
         self.rank, self.world = rank, world
         self.buffer_blocks = buffer_blocks
         self.epoch, self.start = 0, 0
@@ -362,13 +368,13 @@ class JetStream(torch.utils.data.IterableDataset):
         flat = buf.arrays["particles"]
         flat[zero] = 0  # the spare row reserve() keeps
         n, p = len(rows), self.pad_to
-        specs = {k: ((n, *view[k].shape[1:]), view[k].dtype) for k in ("jets", "labels", "source")}
+        specs = {k: ((n, *view[k].shape[1:]), view[k].dtype) for k in self.row_keys}
         specs["particles"] = ((n, p, *flat.shape[1:]), flat.dtype)
         specs["mask"] = ((n, p), np.dtype(bool))
         out = alloc(specs)
         idx = self._slabs.arrays({"idx": ((n, p), np.dtype(np.int64))})["idx"]
         pad_rows(flat, off, rows, zero, out["particles"], out["mask"], idx)
-        for k in ("jets", "labels", "source"):
+        for k in self.row_keys:
             np.take(view[k], rows, axis=0, out=out[k])
         return out
 

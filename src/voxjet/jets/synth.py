@@ -187,6 +187,7 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
     eta0, phi0 = rng.uniform(-cfg.eta_max, cfg.eta_max), rng.uniform(-np.pi, np.pi)
     parts = [_fragment(rng, p, pt) for p in _prongs(rng, cls, pt)] + [_soft(rng)]
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    gen_mass = _mass(cat["pt"], eta0 + cat["deta"], phi0 + cat["dphi"])
     keep = np.hypot(cat["deta"], cat["dphi"]) < R0
     cat = {k: v[keep] for k, v in cat.items()}
     ppt = cat["pt"]
@@ -227,7 +228,16 @@ def generate_jet(rng: np.random.Generator, cls: str, cfg: ToyJetsConfig) -> dict
         "jet_nparticles": float(n),
         "jet_sdmass": float(np.sqrt(max(gm2, 0.0))),
         "taus": _nsubjettiness(ppt, deta, dphi),
+        # generator-level truth, a regression target: every particle generated, before the
+        # jet's cone and grooming (a JetClass-style aux_* branch: never a model input)
+        "aux_genjet_mass": gen_mass,
     }
+
+
+def _mass(pt: np.ndarray, eta: np.ndarray, phi: np.ndarray) -> float:
+    """The invariant mass of massless particles."""
+    px, py, pz, e = pt * np.cos(phi), pt * np.sin(phi), pt * np.sinh(eta), pt * np.cosh(eta)
+    return float(np.sqrt(max(e.sum() ** 2 - px.sum() ** 2 - py.sum() ** 2 - pz.sum() ** 2, 0.0)))
 
 
 def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = "tree") -> None:
@@ -243,8 +253,10 @@ def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = 
         }
     )
     branches: dict = {"part": part}
-    for k in ("jet_pt", "jet_eta", "jet_phi", "jet_energy", "jet_nparticles", "jet_sdmass"):
-        branches[k] = np.array([j[k] for j in jets], np.float32)
+    for k in ("jet_pt", "jet_eta", "jet_phi", "jet_energy", "jet_nparticles", "jet_sdmass",
+              "aux_genjet_mass"):  # fmt: skip
+        if k in jets[0]:
+            branches[k] = np.array([j[k] for j in jets], np.float32)
     taus = np.stack([j["taus"] for j in jets])
     for i in range(4):
         branches[f"jet_tau{i + 1}"] = taus[:, i]

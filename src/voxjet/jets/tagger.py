@@ -15,12 +15,14 @@ from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
+from voxjet.jets.targets import to_units
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
     """Rebuild a trained jet model from model.pt."""
     saved = checkpoint.load_model_file(model_path, "jets", "jet tagging", "train-jets")
-    cfg = {k: v for k, v in saved["model_config"].items() if k not in ("classes", "data", "domain")}
+    cfg = {k: v for k, v in saved["model_config"].items()
+           if k not in ("classes", "data", "domain", "targets")}  # fmt: skip
     model = build_model(**cfg)
     checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
     return model, saved
@@ -36,6 +38,13 @@ class Tagger:
     device: torch.device
     path: str
     batch: int = 256  # jets a forward pass (inference_batch)
+    # regression targets: {names, specs, mean, std} (voxjet.jets.train.target_settings)
+    targets: dict | None = None
+
+    @property
+    def target_names(self) -> list[str]:
+        """The regression targets the model predicts past its classes (none: [])."""
+        return list((self.targets or {}).get("names") or [])
 
     @property
     def tree(self) -> str:
@@ -53,7 +62,8 @@ def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:
             "(trained by an older voxjet); retrain it to predict on new files"
         )
     return Tagger(model.to(device).eval(), list(saved["model_config"]["classes"]), data, device,
-                  str(model_path), inference_batch(saved))  # fmt: skip
+                  str(model_path), inference_batch(saved),
+                  saved["model_config"].get("targets"))  # fmt: skip
 
 
 def inference_batch(saved: dict) -> int:
@@ -68,19 +78,31 @@ def inference_batch(saved: dict) -> int:
     return int(batch)
 
 
-@torch.no_grad()
 def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int | None = None) -> np.ndarray:
     """Class probabilities [N, C] of jets given as flat particles with counts."""
+    return infer(tagger, feats, batch)[0]
+
+
+@torch.no_grad()
+def infer(tagger: Tagger, feats: dict[str, np.ndarray],
+          batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(class probabilities [N, C], regression targets [N, T] in their units) of jets given as
+    flat particles with counts."""
     batch = batch or tagger.batch
     counts = np.asarray(feats["counts"], np.int64)
     off = np.concatenate([[0], np.cumsum(counts)])
     length = int(tagger.data["max_particles"])
-    out = np.empty((len(counts), len(tagger.classes)), np.float32)
+    c, t = len(tagger.classes), len(tagger.target_names)
+    probs = np.empty((len(counts), c), np.float32)
+    regressed = np.empty((len(counts), t), np.float32)
     flat = torch.from_numpy(feats["particles"])
     for lo in range(0, len(counts), batch):
         hi = min(lo + batch, len(counts))
         part = flat[off[lo] : off[hi]].to(tagger.device)
         p, mask = pad_particles(part, torch.from_numpy(counts[lo:hi]).to(tagger.device), length)
-        logits = tagger.model(p, mask)
-        out[lo:hi] = torch.softmax(logits.float(), dim=1).cpu().numpy()
-    return out
+        out = tagger.model(p, mask).float()
+        probs[lo:hi] = torch.softmax(out[:, :c], dim=1).cpu().numpy()
+        regressed[lo:hi] = out[:, c:].cpu().numpy()
+    if t:
+        regressed = to_units(regressed, tagger.targets["mean"], tagger.targets["std"])
+    return probs, regressed

@@ -21,21 +21,31 @@ from voxjet.jets.jagged import pad_particles
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
 from voxjet.jets.stream import JetStream
+from voxjet.jets.targets import (
+    Target,
+    parse_targets,
+    regression_loss,
+    response_resolution,
+    to_units,
+)
 from voxjet.training.loop import TrainSettings, train
 
 JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
 
 
 @torch.no_grad()
-def predict(model: nn.Module, data, device: torch.device, batch_size: int = 2048) -> np.ndarray:
-    """Class probabilities for every jet of `data`."""
+def predict(model: nn.Module, data, device: torch.device, n_classes: int,
+            batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Class probabilities [N, C] and the standardised regression outputs [N, T] of every jet
+    of `data` (the head's outputs past the classes)."""
     model.eval()
-    out = []
+    probs, regressed = [], []
     for lo in range(0, len(data), batch_size):
         b = data.take(np.arange(lo, min(lo + batch_size, len(data))))
-        logits = model(b["particles"].to(device), b["mask"].to(device))
-        out.append(torch.softmax(logits.float(), dim=1).cpu().numpy())
-    return np.concatenate(out)
+        out = model(b["particles"].to(device), b["mask"].to(device)).float()
+        probs.append(torch.softmax(out[:, :n_classes], dim=1).cpu().numpy())
+        regressed.append(out[:, n_classes:].cpu().numpy())
+    return np.concatenate(probs), np.concatenate(regressed)
 
 
 class JetTask:
@@ -52,9 +62,12 @@ class JetTask:
         self.read = read or ReadOptions()
         self.index = load_index(shard_dir, self.read)
         self._val: tuple[tuple[int, int], Any] | None = None  # (rank, world), this rank's share
+        self.n_classes = len(self.index["classes"])
+        # regression targets: one output each past the classes, learned standardised
+        self.targets: list[Target] = parse_targets((self.index.get("config") or {}).get("targets"))
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
-            "n_classes": len(self.index["classes"]),
+            "n_classes": self.n_classes + len(self.targets),
             "particle_mean": self.index["particle_mean"],
             "particle_std": self.index["particle_std"],
             "feature_names": self.index["particle_features"],
@@ -88,6 +101,7 @@ class JetTask:
             "classes": self.index["classes"],
             "domain": "jets",
             "data": self.index.get("config"),
+            **({"targets": target_settings(self.index)} if self.targets else {}),
         }
 
     def stream(self, rt: Runtime) -> JetStream:
@@ -122,7 +136,7 @@ class JetTask:
 
     # what the loop's DeviceFeed moves to the device one step ahead (where the jets came from
     # stays on the host, for messages)
-    device_keys = ("particles", "mask", "labels", "offsets")
+    device_keys = ("particles", "mask", "labels", "offsets", "targets")
 
     def on_device(self, batch: dict, device: torch.device) -> dict:
         """An unpadded batch (a GPU's) padded where it now is."""
@@ -143,8 +157,15 @@ class JetTask:
         return self._stream.describe({"source": provenance})
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
-        logits = model(batch["particles"].to(device), batch["mask"].to(device))
-        return F.cross_entropy(logits.float(), batch["labels"].to(device)), len(batch["labels"])
+        out = model(batch["particles"].to(device), batch["mask"].to(device)).float()
+        c = self.n_classes
+        loss = F.cross_entropy(out[:, :c], batch["labels"].to(device))
+        if self.targets:  # standardised by the training split's mean and std
+            mean = torch.tensor(self.index["target_mean"], device=device)
+            std = torch.tensor(self.index["target_std"], device=device)
+            true = (batch["targets"].to(device) - mean) / std
+            loss = loss + regression_loss(out[:, c:], true, self.targets)
+        return loss, len(batch["labels"])
 
     def validation_share(self, rt: Runtime):
         """This rank's contiguous share of the validation jets, read once (only where used)."""
@@ -157,15 +178,28 @@ class JetTask:
         """Each rank scores its share of the validation jets; the scores and labels are gathered
         (in rank order: the split's order) and every rank computes the same metrics."""
         data = self.validation_share(rt)
-        mine = (predict(model, data, device), data.labels.numpy())
+        probs, regressed = predict(model, data, device, self.n_classes)
+        true = data.targets.numpy() if data.targets is not None else np.zeros((len(data), 0))
+        mine = (probs, data.labels.numpy(), regressed, true)
         parts = [mine]
         if rt.distributed:
             parts = [None] * rt.world_size
             dist.all_gather_object(parts, mine)
-        probs = np.concatenate([p for p, _ in parts])
-        labels = np.concatenate([lab for _, lab in parts])
+        probs, labels, regressed, true = (np.concatenate(p) for p in zip(*parts, strict=True))
         m = jet_metrics(probs, labels, self.index["classes"], self.index.get("background"))
-        return {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
+        out = {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
+        pred = to_units(regressed, self.index["target_mean"], self.index["target_std"]) if (
+            self.targets) else regressed  # fmt: skip
+        for i, t in enumerate(self.targets):  # logged beside the AUC; the AUC picks the best
+            out[f"resolution_{t.name}"] = response_resolution(pred[:, i], true[:, i])["resolution"]
+        return out
+
+
+def target_settings(index: dict) -> dict[str, Any]:
+    """What a trained model needs of its regression targets: names, specs and the training
+    split's mean and std (to turn its outputs back into the targets' units)."""
+    return {"names": list(index["targets"]), "specs": (index.get("config") or {}).get("targets"),
+            "mean": index["target_mean"], "std": index["target_std"]}  # fmt: skip
 
 
 def run(

@@ -3,7 +3,8 @@ published full/kin/kinpid ones) turned into a dataset's `jets:` settings: new va
 np./ak./math. spellings go through voxjet's safe expression language, never eval), the
 selection, the input groups with their manual standardisation (centre, scale, clip range, pad
 value, length, pad mode; weaver's automatic standardisation computed from the training
-jets), simple one-hot labels, observers and the reweighting (`weights`).
+jets), simple one-hot labels, custom labels (regression targets, learned beside the classes
+the dataset's own `labels` give), observers and the reweighting (`weights`).
 What voxjet cannot do as weaver does is refused with the key named, never approximated."""
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     if method not in ("manual", "auto"):
         raise VoxjetError(f"{where}: preprocess.method {method!r}: manual or auto")
     labels = doc.get("labels") or {}
-    if labels.get("type") != "simple" or not isinstance(labels.get("value"), list):
+    custom = is_custom(doc)
+    if not custom and (labels.get("type") != "simple" or not isinstance(labels.get("value"), list)):
         raise VoxjetError(
-            f"{where}: labels of type {labels.get('type')!r}: voxjet classifies with one-hot "
-            "label branches (labels: {type: simple, value: [label_A, label_B, ...]})"
+            f"{where}: labels of type {labels.get('type')!r}: voxjet reads one-hot label "
+            "branches (labels: {type: simple, value: [label_A, label_B, ...]}) or regression "
+            "targets (labels: {type: custom, value: {name: expression}})"
         )
     groups: dict[str, dict[str, Any]] = {}
     features: list[str] = []
@@ -97,7 +100,12 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     new = {k: str(v) for k, v in (doc.get("new_variables") or {}).items() if k != v}
     observers = list(doc.get("observers") or []) + list(doc.get("monitor_variables") or [])
     out: dict[str, Any] = {
-        "labels": list(labels["value"]),
+        # custom labels are regression targets; the classes then come from the section's labels
+        **(
+            {"targets": {k: str(e) for k, e in labels["value"].items()}}
+            if custom
+            else {"labels": list(labels["value"])}
+        ),
         "particle_features": features,
         "new_variables": new,
         "selection": doc.get("selection"),
@@ -113,11 +121,18 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     if doc.get("weights"):
         from voxjet.jets.reweight import parse
 
-        parse(doc["weights"], list(labels["value"]), f"{where}: weights")
+        if not custom:  # else checked against the section's labels, once resolved
+            parse(doc["weights"], list(labels["value"]), f"{where}: weights")
         out["weights"] = dict(doc["weights"])
     if doc.get("treename"):
         out["tree"] = doc["treename"]
     return out
+
+
+def is_custom(doc: dict[str, Any]) -> bool:
+    """Whether a weaver config's labels are regression targets (type custom, a mapping)."""
+    labels = (doc or {}).get("labels") or {}
+    return labels.get("type") == "custom" and isinstance(labels.get("value"), dict)
 
 
 AUTO_SAMPLE = 1_000_000  # particles a shard job keeps to compute "auto" centres and scales
@@ -168,8 +183,24 @@ def check_not_both(given: dict[str, Any], where: str) -> None:
     if not given.get("weaver_config"):
         return
     both = [k for k in DERIVED if k in given]
+    doc = read(given["weaver_config"]) or {}
+    if is_custom(doc):
+        if "labels" in both:
+            both.remove("labels")  # its labels are targets: the classes are the section's
+        else:
+            raise VoxjetError(
+                f"{where}: weaver_config {given['weaver_config']} has custom labels "
+                f"(regression targets {sorted(doc['labels']['value'])}), which voxjet learns "
+                "beside classes: give the classes in the section's `labels` (one-hot "
+                "branches, {branch, classes} or {by_file: ...})"
+            )
+        if given.get("targets"):
+            raise VoxjetError(
+                f"{where}: `targets` beside weaver_config {given['weaver_config']}, which "
+                "has its own targets (custom labels); give them in one place"
+            )
     if "tree" in both:
-        treename = (read(given["weaver_config"]) or {}).get("treename")
+        treename = doc.get("treename")
         if treename in (None, given["tree"]):
             both.remove("tree")
         else:

@@ -110,10 +110,25 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
                 flat[f"{m.removesuffix('_lower_bound')}_{c}_vs_{background}_is_lower_bound"] = 1.0
     for k, v in metrics.get("baseline_jet_mass", {}).items():
         flat[f"baseline_jet_mass_{k}"] = _num(v)
+    for name, r in metrics.get("regression", {}).items():  # regression targets
+        for m in ("response", "resolution", "rmse"):
+            flat[f"{m}_{name}"] = _num(r.get(m))
+        flat[f"resolution_{name}_median_baseline"] = _num(r["median_baseline"]["resolution"])
+        for i, b in enumerate(r.get("pt_bins", [])):
+            flat[f"resolution_{name}_pt_bin{i}"] = _num(b.get("resolution"))
     for c, d in metrics.get("per_class", {}).items():
         for m in ("dice", "hd95"):
             flat[f"{m}_{c}"] = _num(d.get(m))
     return flat
+
+
+def _target_columns(table: dict[str, dict[str, Any]]) -> list[str]:
+    """Each regression target's response and resolution, with the training median's
+    resolution beside them (what the model has to beat)."""
+    base = "_median_baseline"
+    names = sorted({k.removeprefix("resolution_").removesuffix(base) for t in table.values()
+                    for k in t if k.startswith("resolution_") and k.endswith(base)})  # fmt: skip
+    return [c for n in names for c in (f"response_{n}", f"resolution_{n}", f"resolution_{n}{base}")]
 
 
 def _num(v: Any) -> float:
@@ -307,7 +322,6 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
     )
     for ds, domain in datasets:
         head, higher = HEADLINE[domain]
-        cols = COLUMNS[domain]
         table: dict[str, dict[str, Any]] = {}
         for r in rows:
             if r["dataset"] == ds and r["split"] in ("test", "cost"):
@@ -315,6 +329,7 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                     r["run"], {"experiment": r["experiment"], "params": r["params"]}
                 )
                 t[r["metric"]] = r["value"]
+        cols = COLUMNS[domain] + _target_columns(table)
         ranked = sorted(table.items(), key=lambda kv: -_rank_value(kv[1].get(head), higher))
         out += [
             f"## {ds} ({domain}) — ranked by {head}",

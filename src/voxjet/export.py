@@ -39,8 +39,8 @@ class Softmax(nn.Module):
         self.register_buffer("mean", torch.tensor(targets["mean"], dtype=torch.float32))
         self.register_buffer("std", torch.tensor(targets["std"], dtype=torch.float32))
 
-    def forward(self, particles: torch.Tensor, mask: torch.Tensor):
-        out = self.model(particles, mask).float()
+    def forward(self, particles: torch.Tensor, mask: torch.Tensor, *extra: torch.Tensor):
+        out = self.model(particles, mask, *extra).float()
         probs = torch.softmax(out[:, : self.n_classes], dim=1)  # None: every output a class
         if not self.mean.numel():
             return probs
@@ -53,23 +53,39 @@ def _joined(out) -> np.ndarray:
     return np.concatenate([np.asarray(o) for o in outs], axis=1)
 
 
-def _jet_inputs(b: int, p: int, f: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _jet_inputs(b: int, p: int, f: int, seed: int, colls: list[dict] = ()) -> tuple:
+    """Random inputs of `b` jets: particles [b, p, f] and mask, then each extra collection's
+    objects [b, length, features] and mask (as a model with those collections reads them)."""
     g = torch.Generator().manual_seed(seed)
-    counts = torch.randint(1, p + 1, (b,), generator=g)
-    mask = torch.arange(p)[None] < counts[:, None]
-    return torch.randn(b, p, f, generator=g) * mask[..., None], mask
+    out = []
+    for n, length, least in ((f, p, 1), *((len(c["features"]), c["length"], 0) for c in colls)):
+        counts = torch.randint(least, length + 1, (b,), generator=g)
+        mask = torch.arange(length)[None] < counts[:, None]
+        out += [torch.randn(b, length, n, generator=g) * mask[..., None], mask]
+    return tuple(out)
+
+
+def _dynamic(dims: list[dict]) -> tuple:
+    """torch.export's dynamic shapes of (particles, mask, *extra): the extras are one tuple."""
+    extra = tuple(d for d in dims[1:] for _ in range(2))
+    return (dims[0], dims[0], extra) if extra else (dims[0], dims[0])
+
+
+def input_names(colls: list[dict] = ()) -> list[str]:
+    """The exported model's inputs: particles, mask, then <collection>, <collection>_mask."""
+    return ["particles", "mask", *(k for c in colls for k in (c["name"], f"{c['name']}_mask"))]
 
 
 CHECK_SHAPES = ((3, 17), (7, 41))  # (jets, particles) the exports are checked on
 
 
-def _check(name: str, run, eager: nn.Module, n_features: int) -> float:
+def _check(name: str, run, eager: nn.Module, n_features: int, colls: list[dict] = ()) -> float:
     worst = 0.0
     for i, (b, p) in enumerate(CHECK_SHAPES):
-        x, mask = _jet_inputs(b, p, n_features, seed=i)
+        inputs = _jet_inputs(b, p, n_features, i, colls)
         with torch.no_grad():
-            want = _joined(eager(x, mask))
-        got = _joined(run(x, mask))
+            want = _joined(eager(*inputs))
+        got = _joined(run(*inputs))
         if got.shape != want.shape:
             raise VoxjetError(f"export {name}: output of shape {got.shape} for {b} jets of {p} "
                               f"particles, the model gives {want.shape}")  # fmt: skip
@@ -86,7 +102,8 @@ ONNX_INLINE_LIMIT = 2 * 2**30 - 64 * 2**20
 
 
 def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
-                outputs: tuple[str, ...] = ("softmax",)) -> tuple[float, list]:  # fmt: skip
+                outputs: tuple[str, ...] = ("softmax",),
+                colls: list[dict] = ()) -> tuple[float, list]:  # fmt: skip
     """The tagger as ONNX with dynamic batch and particle count; the largest deviation and the
     files written (the model alone, or with `<name>.data` when its weights pass 2 GB). The
     check loads a copy of those files from another folder: what is deployed is what passed."""
@@ -96,8 +113,9 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
         raise VoxjetError("export --format onnx needs onnx, onnxscript and onnxruntime: "
                           "pip install 'voxjet[export]'") from e  # fmt: skip
 
-    x, mask = _jet_inputs(2, length, n_features, seed=9)
-    names = {"input_names": ["particles", "mask"], "output_names": list(outputs)}
+    inputs = _jet_inputs(2, length, n_features, 9, colls)
+    in_names = input_names(colls)
+    names = {"input_names": in_names, "output_names": list(outputs)}
     weights = sum(t.numel() * t.element_size() for t in tagger.state_dict().values())
     external = weights > ONNX_INLINE_LIMIT
     # written under its final name inside a private folder, so that an external-data file is
@@ -110,18 +128,20 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:  # torch.export first; where it cannot trace a model, TorchScript tracing
-                dims = {0: torch.export.Dim("jets"), 1: torch.export.Dim("particles")}
-                torch.onnx.export(tagger, (x, mask), str(staged), dynamo=True,
-                                  dynamic_shapes=(dims, dims), external_data=external,
-                                  **names)  # fmt: skip
+                jets = torch.export.Dim("jets")
+                dims = [{0: jets, 1: torch.export.Dim("particles")}]
+                dims += [{0: jets, 1: torch.export.Dim(f"{c['name']}_objects")} for c in colls]
+                torch.onnx.export(tagger, inputs, str(staged), dynamo=True,
+                                  dynamic_shapes=_dynamic(dims),
+                                  external_data=external, **names)  # fmt: skip
                 how = "torch.export"
             except Exception as e:  # noqa: BLE001 - the tracer's own failure, then the other way
                 print(f"export: torch.export could not export it ({type(e).__name__}); tracing",
                       file=sys.stderr)  # fmt: skip
-                axes = {"particles": {0: "jets", 1: "particles"},
-                        "mask": {0: "jets", 1: "particles"},
-                        **{name: {0: "jets"} for name in outputs}}  # fmt: skip
-                torch.onnx.export(tagger, (x, mask), str(staged), dynamo=False,
+                axes = {n: {0: "jets", 1: "particles" if i < 2 else f"{in_names[i - i % 2]}_n"}
+                        for i, n in enumerate(in_names)}  # fmt: skip
+                axes.update({name: {0: "jets"} for name in outputs})
+                torch.onnx.export(tagger, inputs, str(staged), dynamo=False,
                                   dynamic_axes=axes, opset_version=17, **names)  # fmt: skip
                 how = "TorchScript tracing"
         files = sorted(p.name for p in work.iterdir())
@@ -134,10 +154,10 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
             session = ort.InferenceSession(str(Path(elsewhere) / path.name),
                                            providers=["CPUExecutionProvider"])  # fmt: skip
 
-            def run(p, m):
-                return session.run(None, {"particles": p.numpy(), "mask": m.numpy()})
+            def run(*xs):
+                return session.run(None, {n: x.numpy() for n, x in zip(in_names, xs, strict=True)})
 
-            worst = _check("onnx", run, tagger, n_features)
+            worst = _check("onnx", run, tagger, n_features, colls)
         for f in sorted(files, key=lambda f: f == path.name):  # the model last: it counts
             os.replace(work / f, path.parent / f)
     finally:
@@ -146,17 +166,18 @@ def export_onnx(tagger: nn.Module, n_features: int, length: int, path: Path,
     return worst, files
 
 
-def export_torchscript_tagger(tagger: nn.Module, n_features: int, length: int, path: Path) -> float:
+def export_torchscript_tagger(tagger: nn.Module, n_features: int, length: int, path: Path,
+                              colls: list[dict] = ()) -> float:  # fmt: skip
     """The tagger traced to TorchScript (any batch and particle count); the largest deviation."""
-    x, mask = _jet_inputs(2, length, n_features, seed=9)
+    inputs = _jet_inputs(2, length, n_features, 9, colls)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(tagger, (x, mask), check_trace=False)
+        traced = torch.jit.trace(tagger, inputs, check_trace=False)
     with atomic_path(path) as tmp:
         torch.jit.save(traced, str(tmp))
     loaded = torch.jit.load(str(path))
     with torch.no_grad():
-        return _check("torchscript", loaded, tagger, n_features)
+        return _check("torchscript", loaded, tagger, n_features, colls)
 
 
 def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike) -> Path:
@@ -189,16 +210,17 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
     targets = cfg.get("targets")
     tagger = Softmax(model.eval(), len(cfg["classes"]), targets).eval()
     outputs = ("softmax", "targets") if targets else ("softmax",)
+    colls = cfg.get("collections") or []
     n_features, length = (
         int(cfg["n_features"]),
         int((cfg.get("data") or {}).get("max_particles", 64)),
     )
     if fmt == "onnx":
         target = out / "model.onnx"
-        worst, files = export_onnx(tagger, n_features, length, target, outputs)
+        worst, files = export_onnx(tagger, n_features, length, target, outputs, colls)
     elif fmt == "torchscript":
         target = out / "model.ts"
-        worst = export_torchscript_tagger(tagger, n_features, length, target)
+        worst = export_torchscript_tagger(tagger, n_features, length, target, colls)
         files = [target.name]
     else:
         raise VoxjetError(f"export --format {fmt}: a jet tagger exports as onnx or torchscript")
@@ -212,6 +234,18 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
                 "particles": f"float32 [jets, particles, {n_features}]: "
                 + ", ".join(cfg.get("feature_names") or []),
                 "mask": "bool [jets, particles]: true for real particles",
+                **{
+                    k: v
+                    for c in colls
+                    for k, v in (
+                        (
+                            c["name"],
+                            f"float32 [jets, objects ≤ {c['length']}, {len(c['features'])}]: "
+                            + ", ".join(c["features"]),
+                        ),
+                        (f"{c['name']}_mask", f"bool [jets, objects]: true for real {c['name']}"),
+                    )
+                },
             },
             "output": {
                 "softmax": f"float32 [jets, {len(cfg['classes'])}]: {cfg['classes']}",

@@ -28,6 +28,8 @@ class JetArrays:
     labels: torch.Tensor  # [N] int64
     max_particles: int
     targets: torch.Tensor | None = None  # [N, T] float32 regression targets, in their units
+    # extra collections' rows: coll_<name> [N, L, F] and coll_<name>_count [N]
+    extras: dict[str, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -45,6 +47,8 @@ class JetArrays:
         out = {"particles": particles, "mask": mask, "jets": self.jets[i], "labels": self.labels[i]}
         if self.targets is not None:
             out["targets"] = self.targets[i]
+        for k, v in (self.extras or {}).items():
+            out[k] = v[i]
         return out
 
 
@@ -142,7 +146,9 @@ def load_split(
     index = load_index(shard_dir, opts)
     total = sum(s["jets"] for s in index["splits"].get(split, {}).get("shards", []))
     rows = share(total, *part) if part != (0, 1) else None
-    names = ("particles", "jets", "labels", *(("targets",) if index.get("targets") else ()))
+    extras = collection_keys(index)
+    names = ("particles", "jets", "labels", *(("targets",) if index.get("targets") else ()),
+             *extras)  # fmt: skip
     cat = load_columns(shard_dir, split, names, opts=opts, index=index, rows=rows)
     return JetArrays(
         torch.from_numpy(cat["particles"]),
@@ -151,4 +157,10 @@ def load_split(
         torch.from_numpy(cat["labels"]).long(),
         int(index["max_particles"]),
         torch.from_numpy(cat["targets"]) if "targets" in cat else None,
+        {k: torch.from_numpy(cat[k]) for k in extras},
     )
+
+
+def collection_keys(index: dict) -> list[str]:
+    """The shard datasets of the index's extra collections (padded objects, then counts)."""
+    return [f"coll_{c['name']}{s}" for c in index.get("collections") or [] for s in ("", "_count")]

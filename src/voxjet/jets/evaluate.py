@@ -17,7 +17,7 @@ from voxjet.io.integrity import checked_lz4
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
-from voxjet.jets.dataset import load_columns, load_index, share
+from voxjet.jets.dataset import collection_keys, load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
 from voxjet.jets.targets import regression_figure, regression_metrics
@@ -117,14 +117,16 @@ def score_share(
     lo, hi = share(total, rt.rank, rt.world_size)
     data_cfg = saved["model_config"].get("data") or {"max_particles": index["max_particles"]}
     tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "", inference_batch(saved),
-                    saved["model_config"].get("targets"))  # fmt: skip
+                    saved["model_config"].get("targets"),
+                    saved["model_config"].get("collections"))  # fmt: skip
     names = ("particles", "jets", "labels", "file", "entry",
-             *(("targets",) if tagger.target_names else ()))  # fmt: skip
+             *(("targets",) if tagger.target_names else ()), *collection_keys(index))  # fmt: skip
     with atomic_path(part) as tmp, h5py.File(tmp, "w") as f:
         for a, b in _chunks(lo, hi, chunk):
             c = load_columns(shard_dir, "test", names, opts, index, rows=(a, b))
-            probs, regressed = infer(tagger, {"particles": c["particles"],
-                                              "counts": np.diff(c["offsets"])})  # fmt: skip
+            feats = {k: v for k, v in c.items() if k.startswith("coll_")}
+            feats.update(particles=c["particles"], counts=np.diff(c["offsets"]))
+            probs, regressed = infer(tagger, feats)
             cols = {"probs": probs, "labels": c["labels"].astype(np.int64),
                     "file": c["file"], "entry": c["entry"]}  # fmt: skip
             if tagger.target_names:  # in the targets' units

@@ -56,15 +56,17 @@ def compute_features(
     jet_features: list[str],
     max_particles: int,
     sort_by: str | None = "part_pt",
+    where: str = "jets.particle_features",
 ) -> dict[str, np.ndarray]:
     """Particles as flat rows [sum(counts), F], each jet's ordered by `sort_by` (descending)
-    and clipped to `max_particles`; counts [N] and jets [N, J]."""
+    and clipped to `max_particles`; counts [N] and jets [N, J]. `where`: the config key the
+    per-particle names come from (another collection's features), for messages."""
     names = [*particle_features, *jet_features] + ([sort_by] if sort_by else [])
     vals = v.evaluate(names, arrays)
     for n in particle_features:
         if not _is_jagged(vals[n]):
             raise VoxjetError(
-                f"jets.particle_features: {n!r} has one value a jet, not one a particle; "
+                f"{where}: {n!r} has one value a jet, not one a particle; "
                 "list it under jets.jet_features"
             )
     for n in jet_features:
@@ -86,8 +88,9 @@ def compute_features(
         col = vals[name]
         if not np.array_equal(ak.to_numpy(ak.num(col, axis=1)), counts):
             raise VoxjetError(
-                f"jets.particle_features: {name!r} has another particle count than "
-                f"{particle_features[0]!r}; particle features must come from one collection"
+                f"{where}: {name!r} has another particle count than "
+                f"{particle_features[0]!r}; these features must come from one collection "
+                "(another collection's go under jets.collections)"
             )
         cols.append(ak.to_numpy(ak.flatten(col)))
     flat = interleave(cols, take, int(kept.sum()))

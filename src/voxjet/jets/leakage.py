@@ -71,6 +71,10 @@ def check_inputs(jets: Mapping[str, Any], where: str) -> None:
     labels = jets.get("labels") or []
     inputs = [("particle_features", f) for f in jets.get("particle_features") or []]
     inputs += [("jet_features", f) for f in jets.get("jet_features") or []]
+    for name, c in (jets.get("collections") or {}).items():
+        inputs += [(f"collections.{name}.features", f) for f in (c or {}).get("features") or []]
+        if (c or {}).get("sort_by"):
+            inputs.append((f"collections.{name}.sort_by", c["sort_by"]))
     if jets.get("sort_by"):
         inputs.append(("sort_by", jets["sort_by"]))
     for key, name in inputs:

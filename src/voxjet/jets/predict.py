@@ -22,6 +22,7 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
+from voxjet.jets.collections import collection_arrays, collection_inputs, parse_collections
 from voxjet.jets.features import branches_needed, compute_features, select, variables
 from voxjet.jets.tagger import Tagger, infer
 from voxjet.jets.trees import tree_names, tree_with
@@ -82,6 +83,9 @@ def scored_chunks(
     # new data is selected as the test split was (weaver's test_time_selection, if given)
     v = variables(cfg["new_variables"], cfg.get("test_time_selection") or cfg["selection"])
     need = branches_needed(v, cfg["particle_features"], cfg["jet_features"], cfg["sort_by"])
+    colls = parse_collections(cfg.get("collections"))
+    more = v.branches(collection_inputs(colls)) + [c.count for c in colls if c.count]
+    need += [b for b in dict.fromkeys(more) if b not in need]
     try:
         f = uproot.open(path)
     except Exception as e:
@@ -98,6 +102,7 @@ def scored_chunks(
                 f"features (or the observers asked for) need; the model {tagger.path} reads "
                 f"{need}"
             )
+        start = 0  # the entry this step begins at (for messages)
         for arrays in tree.iterate([*need, *observers], step_size=step_size, library="ak"):
             n = len(arrays)
             flag = np.full(n, FAILED_SELECTION, np.int8)
@@ -110,9 +115,12 @@ def scored_chunks(
             regressed = np.full((n, len(tagger.target_names)), SCORE_NOT_SCORED, np.float32)
             chosen = flag == SELECTED
             if chosen.any():
-                feats = compute_features(arrays[need][chosen], v, cfg["particle_features"],
-                                         cfg["jet_features"], cfg["max_particles"],
-                                         cfg["sort_by"])  # fmt: skip
+                jets = arrays[need][chosen]
+                feats = compute_features(jets, v, cfg["particle_features"], cfg["jet_features"],
+                                         cfg["max_particles"], cfg["sort_by"])  # fmt: skip
+                for c in colls:  # as the shard job made them for training
+                    rows = np.flatnonzero(chosen) + start
+                    feats.update(collection_arrays(jets, v, c, rows))
                 scores[chosen], regressed[chosen] = infer(tagger, feats, batch)
             out = {f"score_{c}": scores[:, i] for i, c in enumerate(tagger.classes)}
             # regression targets in their units, beside the scores
@@ -120,6 +128,7 @@ def scored_chunks(
             out["selected"] = flag
             for obs in observers:
                 out[obs] = _observer(arrays, obs, path)
+            start += n
             yield out
 
 

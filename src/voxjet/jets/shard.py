@@ -25,6 +25,13 @@ import uproot
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.jets import reweight
+from voxjet.jets.collections import (
+    collection_arrays,
+    collection_inputs,
+    collection_sums,
+    empty_in_every_jet,
+    parse_collections,
+)
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     TEST_SELECTION,
@@ -113,6 +120,9 @@ class JetDataConfig:
     observers: list[str] = field(default_factory=list)
     # regression targets beside the classes: {name: {expr, loss, weight}} (voxjet.jets.targets)
     targets: dict = field(default_factory=dict)
+    # constituent collections beside the particles: {name: {features, length, sort_by, count}}
+    # (voxjet.jets.collections)
+    collections: dict = field(default_factory=dict)
     # weaver's `weights:` section (voxjet.jets.reweight): sampling weights for training
     weights: dict | None = None
     val_fraction: float = 0.1
@@ -341,6 +351,8 @@ def _read_range(
                 arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
             )
             out["offsets"] = offsets_of(out.pop("counts"))
+            for c in parse_collections(cfg.collections):
+                out.update(collection_arrays(arrays, v, c, entries))
             if rw is not None:
                 out["reweight"] = reweight_values(arrays, v, rw)
             if cfg.targets:
@@ -405,7 +417,7 @@ def _write_shard(path: Path, data: dict[str, np.ndarray], cfg: JetDataConfig) ->
         f.attrs["format_version"] = FORMAT_VERSION
 
 
-def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
+def _sums(data: dict[str, np.ndarray], colls: list = ()) -> dict[str, np.ndarray | int]:
     """Counts, sums and sums of squares (float64) of the particles' and jets' features."""
     p, j = data["particles"], data["jets"]
     return {
@@ -415,6 +427,7 @@ def _sums(data: dict[str, np.ndarray]) -> dict[str, np.ndarray | int]:
         "jets_n": int(len(j)),
         "jets_sum": np.einsum("nf->f", j, dtype=np.float64),
         "jets_sumsq": np.einsum("nf,nf->f", j, j, dtype=np.float64),
+        **collection_sums(data, colls),
         **(_target_sums(data["targets"]) if "targets" in data else {}),
     }
 
@@ -505,8 +518,10 @@ def shard_part(
     v = variables({**cfg.new_variables, **expression_names(targets)}, cfg.selection,
                   cfg.test_time_selection)  # fmt: skip
     branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
-    branches += [b for b in v.branches([variable_name(t.name) for t in targets])
-                 if b not in branches]  # fmt: skip
+    colls = parse_collections(cfg.collections)
+    more = v.branches([variable_name(t.name) for t in targets] + collection_inputs(colls))
+    more += [c.count for c in colls if c.count]
+    branches += [b for b in dict.fromkeys(more) if b not in branches]
     rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
     if rw is not None:
         branches += [b for b in v.branches(rw["vars"]) if b not in branches]
@@ -527,6 +542,14 @@ def shard_part(
                 lo, hi = n * part // parts, n * (part + 1) // parts
                 data = _read_range(path, tree, v, cfg, branches, lo, hi, number, dropped,
                                    entry["path"], rw)  # fmt: skip
+                empty = empty_in_every_jet(data, colls)
+                if empty:
+                    raise BadFile(
+                        f"{path}: the collections {empty} have no object in any of its "
+                        f"{sum(len(d['labels']) for d in data)} selected jets (entries "
+                        f"{lo}-{hi}): their branches look empty or misnamed. Check "
+                        "jets.collections, or set jets.on_bad_file: skip to leave the file out"
+                    )
         except BadFile as e:
             source = entry.get("source", "")
             if source and source.removeprefix("file://") != str(path):
@@ -547,6 +570,7 @@ def shard_part(
         "split",
         *(("reweight",) if rw is not None else ()),
         *(("targets",) if targets else ()),
+        *(k for c in colls for k in (c.key, c.count_key)),
     )
     chunks = [{k: c[k] for k in keys} for c in chunks]
     none = [np.zeros(0, np.int64)]
@@ -577,7 +601,7 @@ def shard_part(
                 size = (tmp / name).stat().st_size
                 shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
                 if split == "train":
-                    sums.append(_sums(piece))
+                    sums.append(_sums(piece, colls))
                     sample.add(piece)
                     if plane is not None:  # the reweighting plane's counts, for the index job
                         plane += reweight.histograms(piece["reweight"], piece["labels"], rw,
@@ -616,6 +640,10 @@ def index_shards(
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
         "targets": [t.name for t in parse_targets(cfg.targets)],
+        "collections": [
+            {"name": c.name, "features": c.features, "length": c.length}
+            for c in parse_collections(cfg.collections)
+        ],
         "skipped": [s for _, p in parts for s in p["skipped"]],
         "dropped_labels": _add_counts([p.get("dropped_labels", {}) for _, p in parts]),
         # shards' `file` numbers index this list (every part reads the same manifest)
@@ -670,13 +698,15 @@ def index_shards(
     if rw is not None:
         index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
     sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
-    for kind in ("particles", "jets", *(("targets",) if cfg.targets else ())):
+    colls = parse_collections(cfg.collections)
+    kinds = ("particles", "jets", *(("targets",) if cfg.targets else ()), *(c.key for c in colls))
+    for kind in kinds:
         n = sum(s[f"{kind}_n"] for s in sums)
         total = np.sum([s[f"{kind}_sum"] for s in sums], axis=0)
         sq = np.sum([s[f"{kind}_sumsq"] for s in sums], axis=0)
         mean = total / max(n, 1)
         std = np.sqrt(np.maximum(sq / max(n, 1) - mean**2, 0))
-        key = kind.removesuffix("s")
+        key = kind if kind.startswith("coll_") else kind.removesuffix("s")
         index[f"{key}_mean"] = np.atleast_1d(mean).tolist()
         index[f"{key}_std"] = np.where(np.atleast_1d(std) > 1e-6, std, 1.0).tolist()
     with atomic_path(out) as tmp:

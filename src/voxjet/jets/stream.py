@@ -30,7 +30,7 @@ from voxjet.io.fetch import FetchConfig
 from voxjet.io.handover import SharedSlabs, fresh_batch
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles
-from voxjet.jets.dataset import load_index
+from voxjet.jets.dataset import collection_keys, load_index
 from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, pad_rows, take_rows
 from voxjet.jets.shard_files import ChecksumMismatch, ShardChecks
 
@@ -114,6 +114,7 @@ class JetStream(torch.utils.data.IterableDataset):
         self.keys = (
             *KEYS,
             *(("targets",) if self.index.get("targets") else ()),
+            *collection_keys(self.index),
             *(("reweight",) if self.reweight else ()),
         )
         # what a padded batch carries row by row besides the particles and their mask

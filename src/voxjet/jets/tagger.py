@@ -13,6 +13,7 @@ import torch
 
 from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
+from voxjet.jets.collections import model_inputs
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
 from voxjet.jets.targets import to_units
@@ -40,6 +41,8 @@ class Tagger:
     batch: int = 256  # jets a forward pass (inference_batch)
     # regression targets: {names, specs, mean, std} (voxjet.jets.train.target_settings)
     targets: dict | None = None
+    # extra constituent collections the model reads ({name, features, length, ...} each)
+    collections: list[dict] | None = None
 
     @property
     def target_names(self) -> list[str]:
@@ -62,8 +65,8 @@ def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:
             "(trained by an older voxjet); retrain it to predict on new files"
         )
     return Tagger(model.to(device).eval(), list(saved["model_config"]["classes"]), data, device,
-                  str(model_path), inference_batch(saved),
-                  saved["model_config"].get("targets"))  # fmt: skip
+                  str(model_path), inference_batch(saved), saved["model_config"].get("targets"),
+                  saved["model_config"].get("collections"))  # fmt: skip
 
 
 def inference_batch(saved: dict) -> int:
@@ -87,7 +90,7 @@ def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int | None = None
 def infer(tagger: Tagger, feats: dict[str, np.ndarray],
           batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(class probabilities [N, C], regression targets [N, T] in their units) of jets given as
-    flat particles with counts."""
+    flat particles with counts (and each extra collection's padded rows and counts)."""
     batch = batch or tagger.batch
     counts = np.asarray(feats["counts"], np.int64)
     off = np.concatenate([[0], np.cumsum(counts)])
@@ -100,7 +103,9 @@ def infer(tagger: Tagger, feats: dict[str, np.ndarray],
         hi = min(lo + batch, len(counts))
         part = flat[off[lo] : off[hi]].to(tagger.device)
         p, mask = pad_particles(part, torch.from_numpy(counts[lo:hi]).to(tagger.device), length)
-        out = tagger.model(p, mask).float()
+        rows = {k: torch.from_numpy(v[lo:hi]) for k, v in feats.items() if k.startswith("coll_")}
+        extra = model_inputs(rows, tagger.collections or [], tagger.device)
+        out = tagger.model(p, mask, *extra).float()
         probs[lo:hi] = torch.softmax(out[:, :c], dim=1).cpu().numpy()
         regressed[lo:hi] = out[:, c:].cpu().numpy()
     if t:

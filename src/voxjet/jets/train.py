@@ -16,7 +16,8 @@ from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
-from voxjet.jets.dataset import load_index, load_split
+from voxjet.jets.collections import model_inputs
+from voxjet.jets.dataset import collection_keys, load_index, load_split
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
@@ -35,14 +36,16 @@ JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
 
 @torch.no_grad()
 def predict(model: nn.Module, data, device: torch.device, n_classes: int,
-            batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+            collections: list[dict] = (), batch_size: int = 2048,
+            ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Class probabilities [N, C] and the standardised regression outputs [N, T] of every jet
     of `data` (the head's outputs past the classes)."""
     model.eval()
     probs, regressed = [], []
     for lo in range(0, len(data), batch_size):
         b = data.take(np.arange(lo, min(lo + batch_size, len(data))))
-        out = model(b["particles"].to(device), b["mask"].to(device)).float()
+        extra = model_inputs(b, collections, device)
+        out = model(b["particles"].to(device), b["mask"].to(device), *extra).float()
         probs.append(torch.softmax(out[:, :n_classes], dim=1).cpu().numpy())
         regressed.append(out[:, n_classes:].cpu().numpy())
     return np.concatenate(probs), np.concatenate(regressed)
@@ -79,6 +82,15 @@ class JetTask:
             self.model_cfg["weaver_inputs"] = self.index.get("weaver_inputs") or (
                 self.index.get("config") or {}
             ).get("weaver_inputs")
+        # extra constituent collections, each joined to the particles by the model
+        self.collections = [
+            {**c, "mean": self.index[f"coll_{c['name']}_mean"],
+             "std": self.index[f"coll_{c['name']}_std"]}
+            for c in self.index.get("collections") or []
+        ]  # fmt: skip
+        if self.collections:
+            self.model_cfg["collections"] = self.collections
+            self.device_keys = (*JetTask.device_keys, *collection_keys(self.index))
         self.s = s
         self.experiment = ""  # for the trackers (MLflow's experiment)
         # one stream for the run: read in this process, its buffer serves every epoch (new
@@ -157,7 +169,8 @@ class JetTask:
         return self._stream.describe({"source": provenance})
 
     def loss(self, model: nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, int]:
-        out = model(batch["particles"].to(device), batch["mask"].to(device)).float()
+        extra = model_inputs(batch, self.collections, device)
+        out = model(batch["particles"].to(device), batch["mask"].to(device), *extra).float()
         c = self.n_classes
         loss = F.cross_entropy(out[:, :c], batch["labels"].to(device))
         if self.targets:  # standardised by the training split's mean and std
@@ -178,7 +191,7 @@ class JetTask:
         """Each rank scores its share of the validation jets; the scores and labels are gathered
         (in rank order: the split's order) and every rank computes the same metrics."""
         data = self.validation_share(rt)
-        probs, regressed = predict(model, data, device, self.n_classes)
+        probs, regressed = predict(model, data, device, self.n_classes, self.collections)
         true = data.targets.numpy() if data.targets is not None else np.zeros((len(data), 0))
         mine = (probs, data.labels.numpy(), regressed, true)
         parts = [mine]

@@ -11,6 +11,7 @@ from voxjet.jets.models.layers import Standardize, feature_indices
 from voxjet.jets.models.part import ParT, pairwise_features
 from voxjet.jets.models.particlenet import ParticleNet
 from voxjet.jets.models.pfn import PFN
+from voxjet.jets.models.sets import CollectionEmbedding
 from voxjet.jets.models.weaver import weaver_part, weaver_pnet
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -23,8 +24,21 @@ __all__ = ["MODELS", "PFN", "ParT", "ParticleNet", "Standardize", "build_model",
            "feature_indices", "pairwise_features"]  # fmt: skip
 
 
-def build_model(name: str, **kwargs) -> nn.Module:
-    """A jet model by its config name (a key of MODELS), built with the model's keywords."""
+def build_model(name: str, collections: list[dict] | None = None, **kwargs) -> nn.Module:
+    """A jet model by its config name (a key of MODELS), built with the model's keywords; with
+    extra constituent `collections` ({name, features, mean, std} each), they join the
+    particles through a CollectionEmbedding."""
     if name not in MODELS:
         raise ValueError(f"unknown jet model {name!r}; known: {sorted(MODELS)}")
-    return MODELS[name](**kwargs)
+    if collections and name.startswith("weaver_"):
+        from voxjet.errors import VoxjetError
+
+        raise VoxjetError(
+            f"model {name}: weaver's networks read their data config's input "
+            "groups; jets.collections feed voxjet's pfn, particlenet and part"
+        )
+    model = MODELS[name](**kwargs)
+    if collections:
+        model = CollectionEmbedding(model, kwargs["feature_names"], kwargs["particle_mean"],
+                                    kwargs["particle_std"], collections)  # fmt: skip
+    return model

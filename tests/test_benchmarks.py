@@ -21,6 +21,7 @@ CASES = {
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
     "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],
+    "sv_gain": ["--jets", "60", "--steps", "3", "--seeds", "1", "--models", "pfn"],
     # four cases: the plan's split needs a validation case besides training ones
     "augment": [
         "--cases",
@@ -44,6 +45,8 @@ CASES = {
 def test_benchmark_runs_on_tiny_data(name, tmp_path):
     if name == "jets_io" and importlib.util.find_spec("weaver") is None:
         pytest.skip("jets_io.py compares against weaver-core: pip install -e '.[bench]'")
+    if name == "sv_gain" and importlib.util.find_spec("pythia8mc") is None:
+        pytest.skip("sv_gain.py generates Pythia jets: pip install -e '.[pythia]'")
     args = [*CASES[name], *(["--plot", str(tmp_path / "p.png")] if name == "io_latency" else [])]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     r = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], cwd=tmp_path,

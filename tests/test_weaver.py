@@ -385,10 +385,12 @@ def test_a_weaver_configs_treename_is_the_tree_staging_checks(demo_config, workf
     assert "toy_jets.jets'.tree is 'events', but weaver_config" in r.stdout + r.stderr
 
 
-def test_groups_of_another_collection_are_refused_at_the_config_check(demo_config, tmp_path):
+def test_groups_of_another_collection_become_a_collection_at_the_config_check(demo_config,
+                                                                             tmp_path):  # fmt: skip
     # CMS's ParticleNet-AK8 config feeds pf_* groups of 100 particles and sv_* groups of 10
-    # secondary vertices: the check says so before anything is staged
+    # secondary vertices: the check maps them before anything is staged
     from voxjet.config import check_config
+    from voxjet.jets.weaver_config import resolve
 
     doc = data_config("kin")
     doc["inputs"]["sv_points"] = {"length": 10, "vars": [["sv_etarel", None], ["sv_phirel", None]]}
@@ -396,6 +398,130 @@ def test_groups_of_another_collection_are_refused_at_the_config_check(demo_confi
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     cfg = copy.deepcopy(demo_config)
     cfg["datasets"]["toy_jets"]["jets"] = {"weaver_config": str(path)}
-    with pytest.raises(VoxjetError, match=r"inputs\.sv_points has length 10, but inputs\.pf_points"
-                       r" 128: its groups read several constituent collections"):  # fmt: skip
-        check_config(cfg, "config/schema.yaml")
+    check_config(cfg, "config/schema.yaml")
+    jets = resolve({"weaver_config": str(path)}, "jets")
+    assert jets["collections"]["sv"]["features"] == ["sv_etarel", "sv_phirel"]
+    assert jets["max_particles"] == 128 and "sv_etarel" not in jets["particle_features"]
+
+
+SV_GROUPS = {
+    "sv_points": {"length": 4, "pad_mode": "constant", "vars": [["sv_deta", None],
+                                                               ["sv_dphi", None]]},
+    "sv_features": {"length": 4, "pad_mode": "constant",
+                    "vars": [["sv_pt_log", 4, 0.6], ["sv_mass", 1.2, 0.3], ["sv_deta", None],
+                             ["sv_dphi", None], ["sv_ntracks", 3, 1], ["sv_d3dsig", 7, 0.02]]},
+    "sv_mask": {"length": 4, "pad_mode": "constant", "vars": [["sv_mask", None]]},
+}  # fmt: skip
+
+
+def pf_sv_config() -> dict:
+    """CMS's ak8_points_pf_sv layout (pf_points/pf_features/pf_mask of 32 particles, then
+    sv_points/sv_features/sv_mask of 4 vertices) on the toy files' branches."""
+    cfg = data_config("kinpid", 32)
+    for g in cfg["inputs"].values():
+        g["pad_mode"] = "constant"
+    del cfg["inputs"]["pf_vectors"]
+    cfg["inputs"].update(copy.deepcopy(SV_GROUPS))
+    cfg["new_variables"].update({"sv_pt_log": "np.log(sv_pt)", "sv_mask": "ak.ones_like(sv_deta)"})
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def pf_sv(manifest, tmp_path_factory):
+    """The toy jets sharded through the pf + sv weaver config: (config path, shards)."""
+    d = tmp_path_factory.mktemp("pf_sv")
+    path = d / "pf_sv.yaml"
+    path.write_text(yaml.safe_dump(pf_sv_config(), sort_keys=False))
+    shard_jets(manifest, d / "shards", JetDataConfig(weaver_config=str(path), jets_per_shard=500))
+    return path, d / "shards"
+
+
+def test_pf_and_sv_groups_give_weavers_own_inputs_for_every_jet(manifest, pf_sv):
+    """Groups of two collections (pf_*, sv_*) map to the particles and a `sv` collection; the
+    six groups fed to weaver's ParticleNetTagger equal weaver's SimpleIterDataset for every
+    jet, jets without a vertex among them."""
+    from weaver.utils.dataset import SimpleIterDataset
+
+    path, shards = pf_sv
+    cfg = JetDataConfig(weaver_config=str(path), jets_per_shard=500)
+    assert cfg.collections == {"sv": {"features": ["sv_deta", "sv_dphi", "sv_pt_log", "sv_mass",
+                                                   "sv_ntracks", "sv_d3dsig", "sv_mask"],
+                                      "length": 4, "sort_by": None, "count": None}}  # fmt: skip
+    assert cfg.max_particles == 32
+    index = load_index(shards)
+    colls = [{**c, "mean": index["coll_sv_mean"], "std": index["coll_sv_std"]}
+             for c in index["collections"]]  # fmt: skip
+    model = build_model("weaver_pnet", n_classes=4, feature_names=index["particle_features"],
+                        weaver_inputs=index["config"]["weaver_inputs"], collections=colls,
+                        network={"conv_params": [[4, [16, 16]]],
+                                 "fc_params": [[16, 0.0]]})  # fmt: skip
+    assert type(model.mod).__name__ == "ParticleNetTagger"
+    keys = ("pf_points", "pf_features", "pf_mask", "sv_points", "sv_features", "sv_mask")
+    ours, empty = {}, 0
+    for split in ("train", "val", "test"):
+        cat = load_columns(shards, split, ("particles", "file", "entry", "coll_sv",
+                                           "coll_sv_count"))  # fmt: skip
+        counts = torch.from_numpy(np.diff(cat["offsets"]))
+        p, m = pad_particles(torch.from_numpy(cat["particles"]), counts, 32)
+        sv = torch.from_numpy(cat["coll_sv"])
+        sv_mask = torch.arange(4) < torch.from_numpy(cat["coll_sv_count"])[:, None]
+        groups = model.weaver_inputs(p, m, sv, sv_mask)
+        with torch.no_grad():
+            assert model.eval()(p[:8], m[:8], sv[:8], sv_mask[:8]).shape == (8, 4)
+        for i, (f, e) in enumerate(zip(cat["file"], cat["entry"], strict=True)):
+            ours[(index["source_files"][int(f)], int(e))] = [g[i].numpy() for g in groups]
+        empty += int((cat["coll_sv_count"] == 0).sum())
+    assert empty > 0
+    compared = 0
+    for name in index["source_files"]:
+        ds = SimpleIterDataset({"d": [str(manifest.parent / "staged" / name)]}, str(path),
+                               for_training=False, load_range_and_fraction=((0, 1), 1, 1),
+                               fetch_by_files=True, fetch_step=1, name="test")  # fmt: skip
+        for entry, (x, _, _) in enumerate(ds):
+            for key, mine in zip(keys, ours[(name, entry)], strict=True):
+                np.testing.assert_allclose(mine, x[key], rtol=1e-5, atol=2e-5,
+                                           err_msg=f"{name} entry {entry} {key}")  # fmt: skip
+            compared += 1
+    assert compared == len(ours) == 4 * 120
+
+
+def test_a_group_whose_collection_is_ambiguous_is_named_at_the_config_check(tmp_path):
+    cfg = pf_sv_config()
+    cfg["inputs"]["sv_mask"]["length"] = 5
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(VoxjetError, match=r"inputs\.sv_mask has length 5, but inputs\.sv_\w+ "
+                       r"4: groups named sv_\* read one collection"):  # fmt: skip
+        JetDataConfig(weaver_config=str(path))
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "weaver_pnet", "network": {"conv_params": [[4, [16, 16]]], "fc_params": [[16, 0.0]]}},
+    {"name": "particlenet", "k": 4, "conv_channels": [[16, 16]], "fc_size": 16},
+])  # fmt: skip
+def test_the_pf_sv_config_trains_and_predicts_with_either_particlenet(manifest, pf_sv, tmp_path,
+                                                                      model):  # fmt: skip
+    """weaver's ParticleNetTagger and voxjet's own ParticleNet (the vertices joined to the
+    particles) on the pf + sv shards: predict on the raw files equals evaluation's scores."""
+    import h5py
+    import hdf5plugin  # noqa: F401
+    import uproot
+
+    from voxjet.jets.evaluate import evaluate
+    from voxjet.jets.train import run
+    from voxjet.predict import run_predict
+
+    _, shards = pf_sv
+    train = {"steps": 6, "batch_size": 32, "eval_every": 6}
+    run(str(shards), {"model": model, "train": train}, str(tmp_path / "run"))
+    evaluate(str(shards), str(tmp_path / "run" / "model.pt"), str(tmp_path / "eval"))
+    run_predict(str(tmp_path / "run" / "model.pt"), [str(manifest.parent / "staged")],
+                str(tmp_path / "pred"))  # fmt: skip
+    with h5py.File(tmp_path / "eval" / "predictions.h5") as p:
+        probs, files, entries = p["probs"][...], p["file"][...], p["entry"][...]
+        sources = [str(s) for s in p.attrs["source_files"]]
+    for k, src in enumerate(sources):
+        (out,) = (tmp_path / "pred").rglob(src.split("/")[-1])
+        with uproot.open(out) as f:
+            col = f["tree"]["score_Hbb"].array(library="np")
+        np.testing.assert_allclose(col[entries[files == k]], probs[files == k, 1], atol=1e-5)

@@ -193,8 +193,11 @@ def _function(func: ast.AST) -> str | None:
     """The function a call names: `log`, or `np.log` (a module prefix weaver's configs use)."""
     if isinstance(func, ast.Name):
         return func.id
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-        return func.attr if func.value.id in MODULES else None
+    root = func
+    while isinstance(root, ast.Attribute):  # awkward-0's awkward.JaggedArray.ones_like too
+        root = root.value
+    if isinstance(func, ast.Attribute) and isinstance(root, ast.Name):
+        return func.attr if root.id in MODULES else None
     return None
 
 

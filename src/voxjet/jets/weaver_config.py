@@ -17,7 +17,7 @@ from voxjet.errors import VoxjetError
 
 # keys of a dataset's jets section a weaver config decides (giving both would be ambiguous)
 DERIVED = ("labels", "particle_features", "new_variables", "selection", "sort_by",
-           "max_particles", "tree", "test_time_selection")  # fmt: skip
+           "max_particles", "tree", "test_time_selection", "collections")  # fmt: skip
 PAD_MODES = ("constant", "wrap")
 
 
@@ -82,21 +82,27 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
                   for v in spec.get("vars", [])]  # fmt: skip
         if not params:
             raise VoxjetError(f"{where}: inputs.{group} has no vars")
-        groups[group] = {"length": length, "pad_mode": pad_mode, "vars": params}
-        features += [p["name"] for p in params if p["name"] not in features]
+        groups[group] = {"length": length, "pad_mode": pad_mode, "vars": params,
+                         "collection": None}  # fmt: skip
     if not groups:
         raise VoxjetError(f"{where}: no inputs")
-    lengths = {g: spec["length"] for g, spec in groups.items()}
-    if len(set(lengths.values())) > 1:
-        # groups of several lengths read several collections (CMS's pf_* and sv_*): known
-        # here, before any file is staged, rather than when the shard job meets the counts
-        first = next(iter(lengths))
-        other = next(g for g, n in lengths.items() if n != lengths[first])
-        raise VoxjetError(
-            f"{where}: inputs.{other} has length {lengths[other]}, but inputs.{first} "
-            f"{lengths[first]}: its groups read several constituent collections, and voxjet "
-            "reads one a jet; keep the groups of one collection (e.g. the pf_* ones)"
-        )
+    collections = _collections(groups, where)
+    main = next(iter(collections))
+    for group in collections[main]:
+        features += [p["name"] for p in groups[group]["vars"] if p["name"] not in features]
+    extra = {}
+    for name, members in list(collections.items())[1:]:
+        feats: list[str] = []
+        for group in members:
+            groups[group]["collection"] = name
+            feats += [p["name"] for p in groups[group]["vars"] if p["name"] not in feats]
+        extra[name] = {"features": feats, "length": groups[members[0]]["length"],
+                       "sort_by": None, "count": None}  # fmt: skip
+        auto = [v["name"] for g in members for v in groups[g]["vars"] if v["center"] == "auto"]
+        if auto:
+            raise VoxjetError(f"{where}: inputs {members}: the automatic standardisation of "
+                              f"{auto} is computed for the particle groups only; give these "
+                              "variables a centre and scale (as CMS's ak8 configs do)")  # fmt: skip
     new = {k: str(v) for k, v in (doc.get("new_variables") or {}).items() if k != v}
     observers = list(doc.get("observers") or []) + list(doc.get("monitor_variables") or [])
     out: dict[str, Any] = {
@@ -113,8 +119,10 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
         "test_time_selection": doc.get("test_time_selection") or None,
         # weaver keeps each jet's particles in the file's order and cuts at `length`
         "sort_by": None,
-        "max_particles": max(g["length"] for g in groups.values()),
+        "max_particles": groups[collections[main][0]]["length"],
         "weaver_inputs": groups,
+        # the other collections' groups (CMS's sv_*): each its own collection, in file order
+        "collections": extra,
     }
     if observers:
         out["observers"] = observers
@@ -133,6 +141,27 @@ def is_custom(doc: dict[str, Any]) -> bool:
     """Whether a weaver config's labels are regression targets (type custom, a mapping)."""
     labels = (doc or {}).get("labels") or {}
     return labels.get("type") == "custom" and isinstance(labels.get("value"), dict)
+
+
+def _collections(groups: dict[str, Any], where: str) -> dict[str, list[str]]:
+    """The input groups by the collection they read: the name's prefix before "_" (pf_points,
+    pf_features, pf_mask → pf; sv_* → sv), the first group's being the particles. A
+    collection's groups must share a length (weaver pads each to it); when they do not, which
+    collection a group reads is ambiguous and the group is named."""
+    out: dict[str, list[str]] = {}
+    for g in groups:
+        out.setdefault(g.split("_", 1)[0], []).append(g)
+    for name, members in out.items():
+        first = members[0]
+        for g in members[1:]:
+            if groups[g]["length"] != groups[first]["length"]:
+                raise VoxjetError(
+                    f"{where}: inputs.{g} has length {groups[g]['length']}, but inputs.{first} "
+                    f"{groups[first]['length']}: groups named {name}_* read one collection and "
+                    "share its length; rename the group after the collection it reads (e.g. "
+                    "sv_features for secondary vertices) or give it that length"
+                )
+    return out
 
 
 AUTO_SAMPLE = 1_000_000  # particles a shard job keeps to compute "auto" centres and scales

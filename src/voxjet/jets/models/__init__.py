@@ -30,13 +30,8 @@ def build_model(name: str, collections: list[dict] | None = None, **kwargs) -> n
     particles through a CollectionEmbedding."""
     if name not in MODELS:
         raise ValueError(f"unknown jet model {name!r}; known: {sorted(MODELS)}")
-    if collections and name.startswith("weaver_"):
-        from voxjet.errors import VoxjetError
-
-        raise VoxjetError(
-            f"model {name}: weaver's networks read their data config's input "
-            "groups; jets.collections feed voxjet's pfn, particlenet and part"
-        )
+    if name.startswith("weaver_"):  # weaver's taggers read a collection's groups themselves
+        return MODELS[name](collections=collections, **kwargs)
     model = MODELS[name](**kwargs)
     if collections:
         model = CollectionEmbedding(model, kwargs["feature_names"], kwargs["particle_mean"],

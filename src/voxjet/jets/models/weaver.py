@@ -75,14 +75,25 @@ class WeaverInputs(nn.Module):
         return torch.nan_to_num(x, nan=0.0).transpose(1, 2)
 
 
+# what weaver's pf + sv taggers read of each collection, in their forward's order
+TAGGER_ROLES = {"pnet": ("points", "features", "mask"), "part": ("features", "vectors", "mask")}
+
+
 class WeaverTagger(nn.Module):
     """weaver-core's ParticleTransformer (`kind` "part") or ParticleNet ("pnet") behind voxjet's
-    (particles, mask) interface."""
+    (particles, mask) interface; with a second collection's groups (CMS's sv_*), weaver's
+    ParticleTransformerTagger or ParticleNetTagger, fed (particles, mask, sv, sv_mask)."""
 
     def __init__(self, kind: str, n_classes: int, feature_names: list[str],
                  weaver_inputs: dict[str, Any] | None, pretrained: str | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 collections: list[dict] | None = None, **kwargs: Any) -> None:  # fmt: skip
         super().__init__()
+        self.kind = kind
+        if collections:
+            self._tagger(n_classes, feature_names, weaver_inputs or {}, collections, kwargs)
+            if pretrained:
+                load_pretrained(self.mod, pretrained)
+            return
         if not weaver_inputs or len(weaver_inputs) != len(ROLES):
             raise VoxjetError(
                 f"model weaver_{kind} reads the four input groups of a weaver data config "
@@ -90,7 +101,7 @@ class WeaverTagger(nn.Module):
             )
         self.groups = nn.ModuleDict({name: WeaverInputs(g, feature_names, name)
                                      for name, g in weaver_inputs.items()})  # fmt: skip
-        self.kind = kind
+        self.sources = [-1] * len(self.groups)  # every group reads the particles
         try:
             if kind == "part":
                 from weaver.nn.model.ParticleTransformer import ParticleTransformer as Net
@@ -111,12 +122,65 @@ class WeaverTagger(nn.Module):
         if pretrained:
             load_pretrained(self.mod, pretrained)
 
-    def weaver_inputs(self, particles: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
-        """The four groups as weaver's loader hands them to the model."""
-        return [g(particles, mask) for g in self.groups.values()]
+    def _tagger(self, n_classes: int, feature_names: list[str], inputs: dict[str, Any],
+                colls: list[dict], kwargs: dict) -> None:  # fmt: skip
+        """weaver's pf + sv tagger: the particles' groups, then one collection's, by role."""
+        if len(colls) != 1:
+            names = [c["name"] for c in colls]
+            raise VoxjetError(
+                f"model weaver_{self.kind}: weaver's taggers read the particles "
+                f"and one more collection, not {names}"
+            )
+        names = {None: feature_names, colls[0]["name"]: colls[0]["features"]}
+        order = []
+        for coll in (None, colls[0]["name"]):
+            mine = {g.split("_", 1)[-1]: g for g, spec in inputs.items()
+                    if spec.get("collection") == coll}  # fmt: skip
+            for role in TAGGER_ROLES[self.kind]:
+                if role not in mine:
+                    raise VoxjetError(
+                        f"model weaver_{self.kind} reads each collection's {role} group, and "
+                        f"the data config's {coll or 'particle'} groups {sorted(mine.values())} "
+                        f"have none (a group named <collection>_{role})"
+                    )  # fmt: skip
+                order.append(mine[role])
+        self.groups = nn.ModuleDict(
+            {g: WeaverInputs(inputs[g], names[inputs[g].get("collection")], g) for g in order}
+        )
+        self.sources = [-1 if inputs[g].get("collection") is None else 0 for g in order]
+        try:
+            if self.kind == "part":
+                from weaver.nn.model.ParticleTransformer import ParticleTransformerTagger as Net
+            else:
+                from weaver.nn.model.ParticleNet import ParticleNetTagger as Net
+        except ImportError as e:
+            raise VoxjetError(f"model weaver_{self.kind} runs weaver-core's model code: install "
+                              f"it with pip install 'voxjet[weaver]' ({e})") from e  # fmt: skip
+        dims = [len(inputs[order[i]]["vars"]) for i in ((0, 3) if self.kind == "part" else (1, 4))]
+        if self.kind == "part":
+            self.mod = Net(*dims, num_classes=n_classes, **{**PART_DEFAULTS, **kwargs})
+        else:
+            cfg = {**PNET_DEFAULTS, **kwargs}
+            cfg["conv_params"] = [(k, tuple(ch)) for k, ch in cfg["conv_params"]]
+            cfg["fc_params"] = [tuple(f) for f in cfg["fc_params"]]
+            self.mod = Net(*dims, num_classes=n_classes, **cfg)
 
-    def forward(self, particles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        points, features, vectors, m = self.weaver_inputs(particles, mask)
+    def weaver_inputs(self, particles: torch.Tensor, mask: torch.Tensor,
+                      *extra: torch.Tensor) -> list[torch.Tensor]:  # fmt: skip
+        """The groups as weaver's loader hands them to the model (a collection's from its
+        objects and mask, `extra`)."""
+        out = []
+        for src, g in zip(self.sources, self.groups.values(), strict=True):
+            x, m = (particles, mask) if src < 0 else (extra[2 * src], extra[2 * src + 1])
+            out.append(g(x, m))
+        return out
+
+    def forward(self, particles: torch.Tensor, mask: torch.Tensor,
+                *extra: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        groups = self.weaver_inputs(particles, mask, *extra)
+        if len(groups) == 6:  # weaver's pf + sv tagger, its arguments in this order
+            return self.mod(*groups)
+        points, features, vectors, m = groups
         if self.kind == "part":
             return self.mod(features, v=vectors, mask=m)
         return self.mod(points, features, m)
@@ -163,11 +227,12 @@ def _factory(kind: str):
     def build(n_classes: int, feature_names: list[str], weaver_inputs: dict | None = None,
               pretrained: str | None = None, network: dict | None = None,
               n_features: int | None = None, particle_mean: Any = None,
-              particle_std: Any = None) -> WeaverTagger:  # fmt: skip
+              particle_std: Any = None,
+              collections: list[dict] | None = None) -> WeaverTagger:  # fmt: skip
         # weaver's inputs are standardised by the data config's own centres and scales, not by
         # the shards' statistics (n_features, particle_mean/std are voxjet's models' inputs)
         return WeaverTagger(kind, n_classes, feature_names, weaver_inputs, pretrained,
-                            **(network or {}))  # fmt: skip
+                            collections, **(network or {}))  # fmt: skip
 
     build.__doc__ = f"weaver-core's {'ParticleTransformer' if kind == 'part' else 'ParticleNet'}"
     return build

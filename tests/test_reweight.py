@@ -139,7 +139,6 @@ def test_a_resumed_reweighted_epoch_gives_the_same_batches(reweighted):
     "change,match",
     [
         ({"reweight_classes": LABELS[:3]}, r"\['label_Tbqq'\] are labels but not reweighted"),
-        ({"reweight_classes": [*LABELS, "label_X"]}, r"\['label_X'\] are not among the labels"),
         ({"reweight_vars": {"jet_pt": [500, 400]}}, "two variables"),
         ({"reweight_vars": {"jet_pt": [500, 400], "jet_sdmass": [0, 1]}},
          "reweight_vars.jet_pt: .* increasing bin edges"),
@@ -156,6 +155,37 @@ def test_bad_weights_are_refused_at_the_config_check(demo_config, change, match)
     ds.setdefault("jets", {})["weights"] = {**_weights(), **change}
     with pytest.raises(VoxjetError, match=rf"datasets\.\w+\.jets\.weights.*{match}"):
         check_config(demo_config, Path(__file__).parents[1] / "config" / "schema.yaml")
+
+
+def test_reweight_classes_grouping_the_labels_equalise_the_groups(reweighted, tmp_path):
+    """CMS's configs reweight by branches grouping the labels (fj_isTop, fj_isQCD): here
+    QCD, the two-prong resonances and top; batches come in the shares the index predicts,
+    and a jet in no group, or a group branch the files lack, is refused by name."""
+    raw = reweighted.parent
+    groups = {"is_resonance": "label_Hbb + label_Wqq", "is_top": "label_Tbqq * 1"}
+    w = _weights(reweight_classes=["label_QCD", "is_resonance", "is_top"])
+    cfg = JetDataConfig(max_particles=16, jets_per_shard=500, weights=w, new_variables=groups)
+    index = shard_jets(raw / "m.json", tmp_path / "s", cfg)
+    rw = index["reweight"]
+    assert rw["by_branches"] and len(rw["tables"]) == 3 and np.asarray(rw["counts"]).sum() > 0
+    group_of = np.array([0, 1, 1, 2])  # QCD, Hbb, Wqq, Tbqq
+    stream = JetStream(tmp_path / "s", "train", batch_size=64, seed=3, block_jets=256)
+    seen = [group_of[b["labels"].numpy()] for e in range(3) for b in stream.at(e, 0)]
+    shares = np.bincount(np.concatenate(seen), minlength=3) / sum(map(len, seen))
+    np.testing.assert_allclose(shares, rw["shares"], atol=0.06)
+    two = JetDataConfig(
+        max_particles=16,
+        new_variables=groups,
+        weights=_weights(reweight_classes=["label_QCD", "is_resonance"]),
+    )
+    with pytest.raises(VoxjetError, match=r"jets \(entries \[\d+.* are in none of jets\.weights"
+                       r"\.reweight_classes \['label_QCD', 'is_resonance'\]"):  # fmt: skip
+        shard_jets(raw / "m.json", tmp_path / "a", two)
+    lacking = JetDataConfig(
+        max_particles=16, weights=_weights(reweight_classes=[*LABELS, "fj_isTop"])
+    )
+    with pytest.raises(VoxjetError, match=r"has no branches \['fj_isTop'\]"):
+        shard_jets(raw / "m.json", tmp_path / "b", lacking)
 
 
 def test_a_class_with_no_jet_in_the_plane_is_named(tmp_path):

@@ -13,7 +13,12 @@ The training stream draws each shuffle buffer's jets with probability proportion
 weight, with replacement, as many as the buffer holds (weaver keeps a jet with probability w and
 up-samples the survivors: the same distribution, but with a count that varies, which data-parallel
 ranks cannot have). Validation and test jets are not reweighted: the metrics are those of the
-sample as it is."""
+sample as it is.
+
+`reweight_classes` are label branches (a jet's class is its label), or, as CMS's configs have
+them, any 0/1 branches or variables grouping the labels (`fj_isTop`, `fj_isQCD`): then a jet's
+reweight class is the first of them it has set, stored beside its reweighting values, and a
+training jet in none of them is refused (weaver would silently never train on it)."""
 
 from __future__ import annotations
 
@@ -64,13 +69,11 @@ def parse(spec: Mapping[str, Any] | None, label_names: list[str], where: str) ->
                               "two increasing bin edges")  # fmt: skip
         bins.append(e.tolist())
     classes = spec.get("reweight_classes")
-    if not isinstance(classes, list) or not classes:
-        raise VoxjetError(f"{where}.reweight_classes: the label branches to reweight")
-    strange = [c for c in classes if c not in label_names]
-    if strange:
-        raise VoxjetError(f"{where}.reweight_classes: {strange} are not among the labels "
-                          f"{label_names}")  # fmt: skip
-    left = [c for c in label_names if c not in classes]
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise VoxjetError(f"{where}.reweight_classes: the label branches (or 0/1 branches "
+                          "grouping them) to reweight")  # fmt: skip
+    by_branches = any(c not in label_names for c in classes)
+    left = [] if by_branches else [c for c in label_names if c not in classes]
     if left:
         # weaver gives such jets weight 0: a class the tagger is scored on but never sees
         raise VoxjetError(
@@ -100,6 +103,8 @@ def parse(spec: Mapping[str, Any] | None, label_names: list[str], where: str) ->
                               f"of {classes}")  # fmt: skip
     return {
         "precomputed": False,
+        # reweight classes from their own 0/1 branches: each jet's class is a last column
+        "by_branches": by_branches,
         "vars": list(rv),
         "bins": bins,
         "classes": list(classes),
@@ -112,8 +117,31 @@ def parse(spec: Mapping[str, Any] | None, label_names: list[str], where: str) ->
 
 
 def class_order(rw: dict, label_names: list[str]) -> list[int]:
-    """Each reweight class's position among the labels (class numbers)."""
+    """Each reweight class's row in the counts and tables: its class number among the labels,
+    or its position among reweight_classes when they are branches of their own."""
+    if rw.get("by_branches"):
+        return list(range(len(rw["classes"])))
     return [label_names.index(c) for c in rw["classes"]]
+
+
+def class_names(rw: dict, label_names: list[str]) -> list[str]:
+    """The names of the counts' and tables' rows."""
+    return list(rw["classes"]) if rw.get("by_branches") else list(label_names)
+
+
+def n_rows(rw: dict, n_classes: int) -> int:
+    """Rows of the counts and tables: a label each, or a reweight class each."""
+    return len(rw["classes"]) if rw.get("by_branches") else n_classes
+
+
+def reweight_class(indicators: np.ndarray) -> np.ndarray:
+    """Each jet's reweight class from its [N, k] 0/1 indicators: the first set, -1 if none."""
+    hit = np.asarray(indicators) != 0
+    return np.where(hit.any(1), hit.argmax(1), -1)
+
+
+def _classes_of(values: np.ndarray, labels: np.ndarray, rw: dict) -> np.ndarray:
+    return values[:, -1].astype(np.int64) if rw.get("by_branches") else np.asarray(labels)
 
 
 def _bin_indices(values: np.ndarray, rw: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -131,14 +159,18 @@ def _bin_indices(values: np.ndarray, rw: dict) -> tuple[np.ndarray, np.ndarray, 
 
 def empty_counts(rw: dict, n_classes: int) -> np.ndarray:
     """Zero counts [classes, nx, ny] of the reweighting plane."""
-    return np.zeros((n_classes, len(rw["bins"][0]) - 1, len(rw["bins"][1]) - 1), np.float64)
+    return np.zeros(
+        (n_rows(rw, n_classes), len(rw["bins"][0]) - 1, len(rw["bins"][1]) - 1), np.float64
+    )
 
 
 def histograms(values: np.ndarray, labels: np.ndarray, rw: dict, n_classes: int) -> np.ndarray:
     """Counts [classes, nx, ny] of jets in the reweighting plane (by class number)."""
     counts = empty_counts(rw, n_classes)
     ix, iy, inside = _bin_indices(values, rw)
-    np.add.at(counts, (labels[inside], ix[inside], iy[inside]), 1)
+    cls = _classes_of(values, labels, rw)
+    inside &= cls >= 0
+    np.add.at(counts, (cls[inside], ix[inside], iy[inside]), 1)
     return counts
 
 
@@ -146,6 +178,7 @@ def make_tables(counts: np.ndarray, rw: dict, label_names: list[str]) -> np.ndar
     """Weight tables [classes, nx, ny] from the training split's counts (weaver's
     make_weights): `flat` or `ref` a class, then the classes equalised, times class_weights."""
     order = class_order(rw, label_names)
+    label_names = class_names(rw, label_names)
     tables = np.zeros_like(counts)
     events = {}
     ref_hist = counts[order[0]]
@@ -197,7 +230,8 @@ def jet_weights(values: np.ndarray, labels: np.ndarray, rw: dict, tables: np.nda
         w = np.prod(values.astype(np.float64), axis=1)
     else:
         ix, iy, inside = _bin_indices(values, rw)
-        w = np.where(inside, tables[labels, ix, iy], 0.0)
+        cls = _classes_of(values, labels, rw)
+        w = np.where(inside & (cls >= 0), tables[np.maximum(cls, 0), ix, iy], 0.0)
     return w
 
 

@@ -355,6 +355,14 @@ def _read_range(
                 out.update(collection_arrays(arrays, v, c, entries))
             if rw is not None:
                 out["reweight"] = reweight_values(arrays, v, rw)
+                if rw.get("by_branches") and (out["reweight"][:, -1] < 0).any():
+                    bad = entries[out["reweight"][:, -1] < 0]
+                    raise VoxjetError(
+                        f"{len(bad)} selected, labelled jets (entries {bad[:5].tolist()}) are in "
+                        f"none of jets.weights.reweight_classes {rw['classes']}: weaver would "
+                        "never train on them. Add their class, or leave them out with "
+                        "jets.selection"
+                    )
             if cfg.targets:
                 out["targets"] = target_values(arrays, v, cfg, entries)
             out["labels"] = labels
@@ -396,6 +404,11 @@ def reweight_values(arrays, v: Variables, rw: dict) -> np.ndarray:
             raise VoxjetError(f"jets.weights: {name!r} has one value a particle; reweighting "
                               "variables are per jet")  # fmt: skip
         out[:, i] = np.asarray(vals[name], np.float64)  # a constant broadcasts
+    if rw.get("by_branches"):  # each jet's reweight class, from its 0/1 class branches
+        ind = v.evaluate(rw["classes"], arrays)
+        cols = [np.broadcast_to(np.asarray(ind[c], np.float64), len(arrays)) for c in rw["classes"]]
+        cls = reweight.reweight_class(np.stack(cols, 1))
+        out = np.concatenate([out, cls[:, None].astype(np.float64)], 1)
     return out
 
 
@@ -524,7 +537,8 @@ def shard_part(
     branches += [b for b in dict.fromkeys(more) if b not in branches]
     rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
     if rw is not None:
-        branches += [b for b in v.branches(rw["vars"]) if b not in branches]
+        wanted = rw["vars"] + (rw["classes"] if rw.get("by_branches") else [])
+        branches += [b for b in v.branches(wanted) if b not in branches]
     types: dict = {}
     chunks, skipped, per_file, entries_per_file, dropped = [], [], {}, {}, {}
     for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
@@ -721,6 +735,7 @@ def _reweight_index(rw: dict, parts: list[dict], label_names: list[str]) -> dict
         return rw
     counts = np.sum([p["reweight_counts"] for p in parts if "reweight_counts" in p], axis=0)
     tables = reweight.tables_of(rw, counts, label_names)
+    label_names = reweight.class_names(rw, label_names)
     weighted = (counts * tables).sum(axis=(1, 2))
     print("reweighting: training jets inside the plane a class "
           f"{dict(zip(label_names, counts.sum(axis=(1, 2)).astype(int).tolist(), strict=True))}, "

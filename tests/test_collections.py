@@ -91,7 +91,7 @@ def _rewrite(src, dst, change) -> None:
         out.mktree("tree", {k: v.type for k, v in branches.items()}).extend(branches)
 
 
-def test_bad_collections_stop_the_shard_job_naming_file_and_what(raw, tmp_path):
+def test_bad_collections_stop_the_shard_job_and_an_empty_one_is_said(raw, tmp_path):
     with pytest.raises(VoxjetError, match=r"count branch 'jet_nparticles' says .* for \d+ jets "
                        r"\(entries \[\d+"):  # fmt: skip
         shard_jets(
@@ -103,16 +103,18 @@ def test_bad_collections_stop_the_shard_job_naming_file_and_what(raw, tmp_path):
     with pytest.raises(VoxjetError, match=r"collection 'sv': jets\.collections\.sv\.features: "
                        r"'part_deta' has another particle count than 'sv_pt'"):  # fmt: skip
         shard_jets(raw / "m.json", tmp_path / "b", _config(collections=mixed))
-    # a file whose jets have no vertex at all (its branches filled wrong)
+    # a file whose jets have no vertex at all
     empty = tmp_path / "empty"
     empty.mkdir()
     for f in sorted((raw / "raw").glob("*.root")):
         _rewrite(f, empty / f.name, (lambda sv: sv[:, :0]) if "Hbb" in f.name else (lambda sv: sv))
     stage(str(empty), tmp_path / "staged", tmp_path / "m.json", patterns=["*.root"])
-    with pytest.raises(VoxjetError, match=r"Hbb_000\.root: the collections \['sv'\] have no "
-                       r"object in any of its \d+ selected jets"):  # fmt: skip
-        shard_jets(tmp_path / "m.json", tmp_path / "c", _config())
-    assert not (tmp_path / "c").exists()
+    # (light-quark jets often have none: said, and kept)
+    index = shard_jets(tmp_path / "m.json", tmp_path / "c", _config())
+    assert index["empty_collections"] == ["Hbb_000.root"]
+    c = load_columns(tmp_path / "c", "train", ("coll_sv_count", "file", "labels"))
+    assert (c["coll_sv_count"][c["labels"] == 1] == 0).all()
+    assert (c["coll_sv_count"][c["labels"] == 2] > 0).any()
 
 
 def test_collection_settings_and_leaks_are_refused_by_key():
@@ -126,8 +128,10 @@ def test_collection_settings_and_leaks_are_refused_by_key():
                        r"'sv_truth' reads \['label_Hbb'\]"):  # fmt: skip
         check_inputs({"collections": {"sv": {"features": ["sv_truth"]}}, "labels": LABELS,
                       "new_variables": {"sv_truth": "sv_pt * label_Hbb"}}, "jets")  # fmt: skip
-    with pytest.raises(VoxjetError, match="jets.collections feed voxjet's pfn"):
-        build_model("weaver_part", collections=[{"name": "sv"}], n_classes=2, feature_names=[])
+    # weaver's taggers read a collection through the data config's groups of it
+    with pytest.raises(VoxjetError, match=r"weaver_part reads each collection's features group"):
+        build_model("weaver_part", collections=[{"name": "sv", "features": ["sv_x"]}],
+                    n_classes=2, feature_names=[], weaver_inputs={})  # fmt: skip
 
 
 def test_a_collections_objects_join_the_particles_with_shared_features_copied():

@@ -240,7 +240,8 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
     )
     # what the shards left out, so the summary says it beside the numbers it shaped
     metrics["data"] = {"skipped_files": index.get("skipped", []),
-                       "dropped_labels": index.get("dropped_labels", {})}  # fmt: skip
+                       "dropped_labels": index.get("dropped_labels", {}),
+                       "no_collection_objects": index.get("empty_collections", [])}  # fmt: skip
     if base is not None:
         bm = jet_metrics(base, labels, classes, background)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}

@@ -540,7 +540,7 @@ def shard_part(
         wanted = rw["vars"] + (rw["classes"] if rw.get("by_branches") else [])
         branches += [b for b in v.branches(wanted) if b not in branches]
     types: dict = {}
-    chunks, skipped, per_file, entries_per_file, dropped = [], [], {}, {}, {}
+    chunks, skipped, per_file, entries_per_file, dropped, empties = [], [], {}, {}, {}, {}
     for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
         path = root / entry["path"]
         try:
@@ -557,13 +557,12 @@ def shard_part(
                 data = _read_range(path, tree, v, cfg, branches, lo, hi, number, dropped,
                                    entry["path"], rw)  # fmt: skip
                 empty = empty_in_every_jet(data, colls)
-                if empty:
-                    raise BadFile(
-                        f"{path}: the collections {empty} have no object in any of its "
-                        f"{sum(len(d['labels']) for d in data)} selected jets (entries "
-                        f"{lo}-{hi}): their branches look empty or misnamed. Check "
-                        "jets.collections, or set jets.on_bad_file: skip to leave the file out"
-                    )
+                if empty:  # light-quark jets often have no vertex; misnamed branches neither
+                    empties[entry["path"]] = empty
+                    print(f"warning: {path}: no object of the collections {empty} in any of "
+                          f"its {sum(len(d['labels']) for d in data)} selected jets (entries "
+                          f"{lo}-{hi}); check jets.collections if that is not expected",
+                          file=sys.stderr)  # fmt: skip
         except BadFile as e:
             source = entry.get("source", "")
             if source and source.removeprefix("file://") != str(path):
@@ -595,7 +594,7 @@ def shard_part(
     order = np.random.default_rng([cfg.seed, part]).permutation(len(split_code))
     summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
                      "entries_per_file": entries_per_file, "dropped_labels": dropped,
-                     "skipped": skipped, "splits": {},
+                     "skipped": skipped, "splits": {}, "empty_collections": empties,
                      "source_files": [f["path"] for f in files]}  # fmt: skip
     auto = auto_variables(cfg.weaver_inputs)
     sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, order[split_code[order] == 0], part)
@@ -660,6 +659,8 @@ def index_shards(
         ],
         "skipped": [s for _, p in parts for s in p["skipped"]],
         "dropped_labels": _add_counts([p.get("dropped_labels", {}) for _, p in parts]),
+        # files (a part's share of each) whose selected jets hold no object of a collection
+        "empty_collections": sorted({f for _, p in parts for f in p.get("empty_collections", {})}),
         # shards' `file` numbers index this list (every part reads the same manifest)
         "source_files": parts[0][1].get("source_files", []),
         "splits": {},

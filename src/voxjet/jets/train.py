@@ -76,6 +76,13 @@ class JetTask:
             "feature_names": self.index["particle_features"],
             **model_cfg,
         }
+        groups = (self.index.get("config") or {}).get("weaver_inputs") or {}
+        points = [g for name, g in groups.items()
+                  if name.endswith("_points") and g.get("collection") is None]  # fmt: skip
+        if model_cfg.get("name") == "particlenet" and points and "points" not in model_cfg:
+            # voxjet's ParticleNet finds neighbours in the weaver config's points (CMS's
+            # pfcand_etarel, pfcand_phirel)
+            self.model_cfg["points"] = [v["name"] for v in points[0]["vars"]]
         if str(model_cfg.get("name", "")).startswith("weaver_"):
             # weaver's networks read the input groups of the data config the shards came from
             # (with the "auto" centres and scales the index job computed, if any)

@@ -70,10 +70,12 @@ class ParticleNet(nn.Module):
         ),
         fc_size: int = 256,
         dropout: float = 0.1,
+        points: tuple[str, ...] = ("part_deta", "part_dphi"),
     ) -> None:
         super().__init__()
         self.norm = Standardize(particle_mean, particle_std)
-        self.coords = feature_indices(feature_names, ("part_deta", "part_dphi"), "particlenet")
+        # the coordinates neighbours are found in (a weaver config's pf_points group's)
+        self.coords = feature_indices(feature_names, tuple(points), "particlenet")
         self.input_bn = nn.BatchNorm1d(n_features)
         blocks, c = [], n_features
         for ch in conv_channels:

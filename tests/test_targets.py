@@ -22,13 +22,16 @@ from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.targets import (
     parse_targets,
-    regression_loss,
     regression_metrics,
     response_resolution,
+    target_loss,
 )
 from voxjet.stage.transfer import stage
 
 MASS = {"gen_mass": {"expr": "aux_genjet_mass", "loss": "huber"}}
+# an auxiliary classification: whether the jet has a secondary vertex (from its displaced tracks)
+VERTEX = {"vertex": {"expr": "minimum(nsv, 1)", "kind": "classification",
+                     "classes": ["none", "some"], "weight": 0.5}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,8 @@ def trained(raw):
     from voxjet.jets.evaluate import evaluate
     from voxjet.jets.train import run
 
-    cfg = JetDataConfig(max_particles=48, jets_per_shard=1000, test_fraction=0.25, targets=MASS)
+    cfg = JetDataConfig(max_particles=48, jets_per_shard=1000, test_fraction=0.25,
+                        targets={**MASS, **VERTEX})  # fmt: skip
     shard_jets(raw / "m.json", raw / "shards", cfg)
     train = {"steps": 400, "batch_size": 128, "lr": 3e-3, "eval_every": 200}
     model = {"name": "pfn", "phi_sizes": [64, 64], "f_sizes": [64]}
@@ -59,10 +63,15 @@ def trained(raw):
 def test_targets_parse_with_defaults_and_refuse_what_they_cannot_be():
     (t,) = parse_targets({"m": "fj_gen_mass"})
     assert (t.name, t.expr, t.loss, t.weight) == ("m", "fj_gen_mass", "mse", 1.0)
+    (c,) = parse_targets(VERTEX)
+    assert (c.loss, c.columns) == ("cross_entropy", ["vertex_none", "vertex_some"])
     for spec, match in (({"loss": "l1", "expr": "x"}, r"'jets\.targets\.m\.loss': 'l1'"),
-                        ({"kind": "classification", "expr": "x"}, r"targets\.m\.kind"),
+                        ({"kind": "ranking", "expr": "x"}, r"targets\.m\.kind"),
                         ({"weight": 0, "expr": "x"}, r"targets\.m\.weight"),
-                        ({"loss": "mse"}, r"'jets\.targets\.m\.expr'")):  # fmt: skip
+                        ({"loss": "mse"}, r"'jets\.targets\.m\.expr'"),
+                        ({"kind": "classification", "expr": "x"}, r"targets\.m\.classes"),
+                        ({"kind": "classification", "expr": "x", "classes": ["a", "b"],
+                          "loss": "mse"}, r"targets\.m\.loss': 'mse'")):  # fmt: skip
         with pytest.raises(VoxjetError, match=match):
             parse_targets({"m": spec})
 
@@ -88,10 +97,20 @@ def test_the_loss_is_each_targets_weighted_loss():
                              "b": {"expr": "y", "loss": "logcosh"}})  # fmt: skip
     d = (pred - true).numpy()
     want = 2.0 * np.mean(d[:, 0] ** 2) + np.mean(np.log(np.cosh(d[:, 1])))
-    assert float(regression_loss(pred, true, targets)) == pytest.approx(want, rel=1e-6)
+    got = target_loss(pred, true, targets, [0.0, 0.0], [1.0, 1.0])
+    assert float(got) == pytest.approx(want, rel=1e-6)
+    # the truth standardised by the training split's mean and std, as the head learns it
+    scaled = target_loss(pred, true * 4 + 10, targets, [10.0, 10.0], [4.0, 4.0])
+    assert float(scaled) == pytest.approx(want, rel=1e-5)
     huber = parse_targets({"a": {"expr": "x", "loss": "huber"}})
     h = np.where(np.abs(d[:, 0]) < 1, 0.5 * d[:, 0] ** 2, np.abs(d[:, 0]) - 0.5).mean()
-    assert float(regression_loss(pred[:, :1], true[:, :1], huber)) == pytest.approx(h)
+    assert float(target_loss(pred[:, :1], true[:, :1], huber, [0.0], [1.0])) == pytest.approx(h)
+    both = parse_targets({"a": {"expr": "x", "loss": "mse"}, **VERTEX})
+    out = torch.tensor([[0.5, 2.0, -1.0], [1.0, 0.0, 3.0]])
+    y = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    ce = torch.nn.functional.cross_entropy(out[:, 1:], torch.tensor([1, 0]))
+    want = np.mean([0.25, 1.0]) + 0.5 * float(ce)
+    assert float(target_loss(out, y, both, [0.0, 0.0], [1.0, 1.0])) == pytest.approx(want)
 
 
 def test_shards_hold_the_targets_expression_for_the_same_jets(raw, tmp_path):
@@ -116,6 +135,9 @@ def test_shards_hold_the_targets_expression_for_the_same_jets(raw, tmp_path):
         ({"m": "sqrt(jet_sdmass - 150)"},
          r"target 'm' is NaN or ±inf for \d+ selected jets \(entries \[\d+"),
         ({"m": "part_px"}, r"jets\.targets\.m: part_px has one value a particle"),
+        ({"f": {"expr": "nsv", "kind": "classification", "classes": ["a", "b"]}},
+         r"classification target 'f' is \[[\d., ]+\] for \d+ selected jets \(entries "
+         r"\[\d+.*not a class number 0–1 of \['a', 'b'\]"),
     ],
 )  # fmt: skip
 def test_a_target_not_one_number_a_jet_stops_the_shard_job(raw, tmp_path, targets, match):
@@ -145,9 +167,14 @@ def test_a_mass_regression_trains_beside_the_classes_and_beats_the_training_medi
     assert abs(reg["response"] - 1) < 0.1, reg
     assert len(reg["pt_bins"]) == 4 and all(b["n_jets"] > 0 for b in reg["pt_bins"])
     assert m["auc_macro"] > 0.8  # the classes are still learned
+    # the auxiliary classification beside them: whether a jet has a secondary vertex
+    aux = m["classification"]["vertex"]
+    assert aux["auc_macro"] > 0.8 and aux["n_jets"] == reg["n_jets"], aux
     assert (d / "eval" / "regression.png").stat().st_size > 10_000
     with h5py.File(d / "eval" / "predictions.h5") as f:
-        assert list(f.attrs["targets"]) == ["gen_mass"]
+        assert list(f.attrs["targets"]) == ["gen_mass", "vertex"]
+        assert f["targets_pred"].shape[1] == 3  # the mass, then P(no vertex), P(vertex)
+        np.testing.assert_allclose(f["targets_pred"][:, 1:].sum(1), 1, rtol=1e-5)
         true = f["targets_true"][:, 0]
     want = []
     for path in sorted((d / "raw").glob("*.root")):
@@ -164,13 +191,15 @@ def test_predict_writes_the_targets_evaluation_computed_for_the_same_jets(traine
     d, _ = trained
     run_predict(str(d / "run" / "model.pt"), [str(d / "raw")], str(tmp_path / "out"))
     with h5py.File(d / "eval" / "predictions.h5") as p:
-        pred, files, entries = p["targets_pred"][:, 0], p["file"][...], p["entry"][...]
+        pred, files, entries = p["targets_pred"][...], p["file"][...], p["entry"][...]
         sources = [str(s) for s in p.attrs["source_files"]]
     for k, name in enumerate(sources):
         (out,) = (tmp_path / "out").rglob(name.split("/")[-1])
         with uproot.open(out) as f:
-            col = f["tree"]["pred_gen_mass"].array(library="np")
-        np.testing.assert_allclose(col[entries[files == k]], pred[files == k], rtol=1e-6)
+            cols = f["tree"].arrays(["pred_gen_mass", "pred_vertex_some"], library="np")
+        sel = entries[files == k]
+        np.testing.assert_allclose(cols["pred_gen_mass"][sel], pred[files == k, 0], rtol=1e-6)
+        np.testing.assert_allclose(cols["pred_vertex_some"][sel], pred[files == k, 2], atol=1e-6)
 
 
 def test_an_onnx_export_names_its_outputs_and_gives_targets_in_units(trained, tmp_path):
@@ -183,7 +212,8 @@ def test_an_onnx_export_names_its_outputs_and_gives_targets_in_units(trained, tm
     d, _ = trained
     export_model(d / "run" / "model.pt", "onnx", tmp_path / "x")
     info = json.loads((tmp_path / "x" / "export.json").read_text())
-    assert info["targets"] == ["gen_mass"] and set(info["output"]) == {"softmax", "targets"}
+    assert info["targets"] == ["gen_mass", "vertex_none", "vertex_some"]
+    assert set(info["output"]) == {"softmax", "targets"}
     s = ort.InferenceSession(str(tmp_path / "x" / "model.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in s.get_outputs()] == ["softmax", "targets"]
     model, saved = load_trained(d / "run" / "model.pt")

@@ -29,22 +29,27 @@ TOLERANCE = 1e-4  # max |exported − eager| accepted
 
 class Softmax(nn.Module):
     """The tagger with its class probabilities as output (what an analysis consumes), and,
-    for a model with regression targets, a second output: the targets in their units."""
+    for a model with targets, a second output: regressions in their units, each
+    classification's probabilities."""
 
     def __init__(self, model: nn.Module, n_classes: int | None = None,
                  targets: dict | None = None) -> None:  # fmt: skip
         super().__init__()
+        from voxjet.jets.targets import parse_targets
+
         self.model, self.n_classes = model, n_classes
-        targets = targets or {"mean": [], "std": []}
-        self.register_buffer("mean", torch.tensor(targets["mean"], dtype=torch.float32))
-        self.register_buffer("std", torch.tensor(targets["std"], dtype=torch.float32))
+        self.targets = parse_targets((targets or {}).get("specs"))
+        self.mean = [float(x) for x in (targets or {}).get("mean") or []]
+        self.std = [float(x) for x in (targets or {}).get("std") or []]
 
     def forward(self, particles: torch.Tensor, mask: torch.Tensor, *extra: torch.Tensor):
+        from voxjet.jets.targets import decode
+
         out = self.model(particles, mask, *extra).float()
         probs = torch.softmax(out[:, : self.n_classes], dim=1)  # None: every output a class
-        if not self.mean.numel():
+        if not self.targets:
             return probs
-        return probs, out[:, self.n_classes :] * self.std + self.mean
+        return probs, decode(out[:, self.n_classes :], self.targets, self.mean, self.std)
 
 
 def _joined(out) -> np.ndarray:
@@ -198,6 +203,7 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
 
 def _export_jets(model_path, fmt: str, out: Path) -> Path:
     from voxjet.jets.tagger import load_trained
+    from voxjet.jets.targets import output_columns
 
     model, saved = load_trained(model_path)
     cfg = saved["model_config"]
@@ -210,6 +216,7 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
     targets = cfg.get("targets")
     tagger = Softmax(model.eval(), len(cfg["classes"]), targets).eval()
     outputs = ("softmax", "targets") if targets else ("softmax",)
+    cols = output_columns(tagger.targets)
     colls = cfg.get("collections") or []
     n_features, length = (
         int(cfg["n_features"]),
@@ -251,15 +258,15 @@ def _export_jets(model_path, fmt: str, out: Path) -> Path:
                 "softmax": f"float32 [jets, {len(cfg['classes'])}]: {cfg['classes']}",
                 **(
                     {
-                        "targets": f"float32 [jets, {len(targets['names'])}]: "
-                        f"{targets['names']} in their units"
+                        "targets": f"float32 [jets, {len(cols)}]: {cols} (regressions in their "
+                        "units, classifications' probabilities)"
                     }
                     if targets
                     else {}
                 ),
-            },  # fmt: skip
+            },
             "classes": cfg["classes"],
-            "targets": list((targets or {}).get("names") or []),
+            "targets": cols,
             "jets_config": cfg.get("data"),
             "max_abs_deviation_from_eager": worst,
             "source": str(model_path),

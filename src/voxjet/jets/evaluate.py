@@ -20,7 +20,7 @@ from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mas
 from voxjet.jets.dataset import collection_keys, load_columns, load_index, share
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
-from voxjet.jets.targets import regression_figure, regression_metrics
+from voxjet.jets.targets import parse_targets, regression_columns, regression_figure, target_metrics
 from voxjet.report.figures import pyplot, roc_overlay, save_figure
 
 
@@ -64,7 +64,7 @@ def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str)
     trained = list((cfg.get("targets") or {}).get("names") or [])
     if trained != list(index.get("targets") or []):
         raise VoxjetError(
-            f"{model_path}: trained for the regression targets {trained}, but {shard_dir} "
+            f"{model_path}: trained for the targets {trained}, but {shard_dir} "
             f"holds {index.get('targets') or []}; retrain on these shards"
         )
 
@@ -232,9 +232,13 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
             regressed = (f["targets_pred"][...], f["targets_true"][...])
     metrics = jet_metrics(probs, labels, classes, background)
     if regressed is not None:
-        names = list(index["targets"])
-        metrics["regression"] = regression_metrics(*regressed, names, train_median, jet_pt)
-        regression_figure(out / "regression.png", *regressed, names, metrics["regression"])
+        targets = parse_targets((index.get("config") or {}).get("targets"))
+        metrics.update(target_metrics(*regressed, targets, train_median, jet_pt))
+        if "regression" in metrics:
+            reg = [i for i, t in enumerate(targets) if not t.classes]
+            regression_figure(out / "regression.png", regressed[0][:, regression_columns(targets)],
+                              regressed[1][:, reg], [targets[i].name for i in reg],
+                              metrics["regression"])  # fmt: skip
     metrics.update(
         {"domain": "jets", "split": "test", "best_step": saved["best_step"], "classes": classes}
     )

@@ -381,8 +381,10 @@ def _read_range(
 
 
 def target_values(arrays, v: Variables, cfg: JetDataConfig, entries: np.ndarray) -> np.ndarray:
-    """Each jet's regression targets [N, T] float32, refusing NaN/inf and per-particle values."""
-    names = [t.name for t in parse_targets(cfg.targets)]
+    """Each jet's targets [N, T] float32, refusing NaN/inf, per-particle values and
+    classification values that are no class number."""
+    targets = parse_targets(cfg.targets)
+    names = [t.name for t in targets]
     vals = v.evaluate([variable_name(n) for n in names], arrays)
     out = np.empty((len(arrays), len(names)), np.float64)
     for i, name in enumerate(names):
@@ -391,7 +393,7 @@ def target_values(arrays, v: Variables, cfg: JetDataConfig, entries: np.ndarray)
             raise VoxjetError(f"jets.targets.{name}: {cfg.targets[name]} has one value a "
                               "particle; a target is one number a jet")  # fmt: skip
         out[:, i] = np.asarray(x, np.float64)  # a constant broadcasts
-    check_values(out, names, entries)
+    check_values(out, targets, entries)
     return out.astype(np.float32)
 
 

@@ -16,7 +16,7 @@ from voxjet.errors import VoxjetError
 from voxjet.jets.collections import model_inputs
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
-from voxjet.jets.targets import to_units
+from voxjet.jets.targets import Target, decode_numpy, output_columns, parse_targets
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -45,9 +45,14 @@ class Tagger:
     collections: list[dict] | None = None
 
     @property
+    def target_list(self) -> list[Target]:
+        """The targets the model predicts past its classes (none: [])."""
+        return parse_targets((self.targets or {}).get("specs"))
+
+    @property
     def target_names(self) -> list[str]:
-        """The regression targets the model predicts past its classes (none: [])."""
-        return list((self.targets or {}).get("names") or [])
+        """Its target outputs' names: a regression's, a classification's one a class."""
+        return output_columns(self.target_list)
 
     @property
     def tree(self) -> str:
@@ -89,7 +94,8 @@ def score(tagger: Tagger, feats: dict[str, np.ndarray], batch: int | None = None
 @torch.no_grad()
 def infer(tagger: Tagger, feats: dict[str, np.ndarray],
           batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(class probabilities [N, C], regression targets [N, T] in their units) of jets given as
+    """(class probabilities [N, C], target outputs [N, W]: regressions in their units, each
+    classification's probabilities) of jets given as
     flat particles with counts (and each extra collection's padded rows and counts)."""
     batch = batch or tagger.batch
     counts = np.asarray(feats["counts"], np.int64)
@@ -109,5 +115,6 @@ def infer(tagger: Tagger, feats: dict[str, np.ndarray],
         probs[lo:hi] = torch.softmax(out[:, :c], dim=1).cpu().numpy()
         regressed[lo:hi] = out[:, c:].cpu().numpy()
     if t:
-        regressed = to_units(regressed, tagger.targets["mean"], tagger.targets["std"])
+        regressed = decode_numpy(regressed, tagger.target_list, tagger.targets["mean"],
+                                 tagger.targets["std"])  # fmt: skip
     return probs, regressed

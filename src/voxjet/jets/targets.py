@@ -1,11 +1,14 @@
-"""Regression targets beside the classes (`jets.targets`, or a weaver config's custom labels):
-their values from the files, the loss, and the field's measures of a regression — the response
+"""Targets beside the classes (`jets.targets`, or a weaver config's custom labels): regressions
+(a jet's mass) and auxiliary classifications (a jet's flavour, from an integer expression):
+their values from the files, the loss, and the field's measures — for a regression the response
 (median of predicted / true) and the resolution (half the 16–84% interval of predicted / true),
-overall and in bins of jet pT, against predicting the training median for every jet.
+overall and in bins of jet pT, against predicting the training median for every jet; for a
+classification the accuracy and the AUC of each class.
 
-A model's head has one output a class, then one a target; the targets are learned
-standardised by the training split's mean and standard deviation (index.json), and every
-prediction is turned back into the target's units before anyone reads it."""
+A model's head has one output a class, then a block a target: one output a regression (learned
+standardised by the training split's mean and standard deviation, index.json), one logit a
+class of a classification. `decode` turns a block into what anyone reads: the regression in its
+units, the classification's probabilities."""
 
 from __future__ import annotations
 
@@ -18,17 +21,26 @@ import numpy as np
 from voxjet.errors import VoxjetError
 
 LOSSES = ("mse", "huber", "logcosh")
+KINDS = ("regression", "classification")
 PT_BINS = 4  # jet-pT quantile bins of the resolution table and figure
 
 
 @dataclass(frozen=True)
 class Target:
-    """One regression target: its expression over the file's branches, loss and weight."""
+    """One target: its expression over the file's branches, kind, loss and weight (and, for a
+    classification, its classes: the expression gives each jet's class number)."""
 
     name: str
     expr: str
     loss: str = "mse"
     weight: float = 1.0
+    kind: str = "regression"
+    classes: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> list[str]:
+        """Its outputs' names: the target, or target_<class> for each class."""
+        return [f"{self.name}_{c}" for c in self.classes] if self.classes else [self.name]
 
 
 def parse_targets(targets: Mapping[str, Any] | None, where: str = "jets.targets") -> list[Target]:
@@ -39,16 +51,35 @@ def parse_targets(targets: Mapping[str, Any] | None, where: str = "jets.targets"
         if not isinstance(spec.get("expr"), str) or not spec["expr"].strip():
             raise VoxjetError(f"config key '{where}.{name}.expr': give the target's expression "
                               "over the file's branches, e.g. fj_gen_mass")  # fmt: skip
-        if spec.get("kind", "regression") != "regression":
-            raise VoxjetError(f"config key '{where}.{name}.kind': {spec['kind']!r}; targets are "
-                              "regressions (the classes come from jets.labels)")  # fmt: skip
-        loss = spec.get("loss", "mse")
-        if loss not in LOSSES:
-            raise VoxjetError(f"config key '{where}.{name}.loss': {loss!r}; use one of {LOSSES}")
+        kind = spec.get("kind", "regression")
+        if kind not in KINDS:
+            raise VoxjetError(f"config key '{where}.{name}.kind': {kind!r}; one of {KINDS}")
+        classes = tuple(str(c) for c in spec.get("classes") or ())
+        if (kind == "classification") != (len(classes) >= 2):
+            raise VoxjetError(f"config key '{where}.{name}.classes': a classification target "
+                              "names its classes (at least two; the expression gives each jet's "
+                              "class number), a regression none")  # fmt: skip
+        loss = spec.get("loss", "mse" if kind == "regression" else "cross_entropy")
+        allowed = LOSSES if kind == "regression" else ("cross_entropy",)
+        if loss not in allowed:
+            raise VoxjetError(f"config key '{where}.{name}.loss': {loss!r}; use one of {allowed}")
         weight = spec.get("weight", 1.0)
         if not isinstance(weight, (int, float)) or not weight > 0:
             raise VoxjetError(f"config key '{where}.{name}.weight': {weight!r}; a positive number")
-        out.append(Target(str(name), spec["expr"], loss, float(weight)))
+        out.append(Target(str(name), spec["expr"], loss, float(weight), kind, classes))
+    return out
+
+
+def output_columns(targets: list[Target]) -> list[str]:
+    """Every target output's name, in the head's order."""
+    return [c for t in targets for c in t.columns]
+
+
+def _blocks(targets: list[Target]) -> list[slice]:
+    out, lo = [], 0
+    for t in targets:
+        out.append(slice(lo, lo + len(t.columns)))
+        lo += len(t.columns)
     return out
 
 
@@ -61,10 +92,23 @@ def variable_name(target: str) -> str:
     return f"__target_{target}__"
 
 
-def check_values(values: np.ndarray, names: list[str], entries: np.ndarray) -> None:
-    """Refuse a target that is NaN or ±inf for some jet, naming the target and the entries."""
+def check_values(values: np.ndarray, targets: list[Target], entries: np.ndarray) -> None:
+    """Refuse a target that is NaN or ±inf for some jet, or a classification's value that is no
+    class number, naming the target and the entries."""
     bad = ~np.isfinite(values)
-    for i, name in enumerate(names):
+    for i, t in enumerate(targets):
+        v = values[:, i]
+        wrong = bad[:, i] | ((v != np.round(v)) | (v < 0) | (v >= len(t.classes)) if t.classes
+                             else np.zeros(len(v), bool))  # fmt: skip
+        if t.classes and wrong.any() and not bad[:, i].any():
+            where = entries[wrong]
+            raise VoxjetError(
+                f"classification target {t.name!r} is {v[wrong][:3].tolist()} for "
+                f"{int(wrong.sum())} selected jets (entries {where[:5].tolist()}), not a class "
+                f"number 0–{len(t.classes) - 1} of {list(t.classes)}; fix the expression or "
+                "the classes"
+            )
+        name = t.name
         if bad[:, i].any():
             where = entries[bad[:, i]]
             raise VoxjetError(
@@ -75,13 +119,18 @@ def check_values(values: np.ndarray, names: list[str], entries: np.ndarray) -> N
             )
 
 
-def regression_loss(pred, true, targets: list[Target]):
-    """The weighted sum of each target's loss (mean over jets) on standardised values."""
+def target_loss(out, true, targets: list[Target], mean: list[float], std: list[float]):
+    """The weighted sum of each target's loss (mean over jets): a regression's on values
+    standardised by the training split's `mean` and `std`, a classification's cross entropy.
+    `out`: the head's target block [B, W]; `true`: the targets in their units [B, T]."""
     import torch.nn.functional as F
 
-    total = pred.new_zeros(())
-    for i, t in enumerate(targets):
-        p, y = pred[:, i], true[:, i]
+    total = out.new_zeros(())
+    for i, (t, block) in enumerate(zip(targets, _blocks(targets), strict=True)):
+        if t.classes:
+            total = total + t.weight * F.cross_entropy(out[:, block], true[:, i].long())
+            continue
+        p, y = out[:, block.start], (true[:, i] - mean[i]) / std[i]
         if t.loss == "mse":
             loss = F.mse_loss(p, y)
         elif t.loss == "huber":
@@ -93,9 +142,24 @@ def regression_loss(pred, true, targets: list[Target]):
     return total
 
 
-def to_units(pred: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
-    """Standardised predictions [N, T] back in the targets' units."""
-    return pred * np.asarray(std, pred.dtype) + np.asarray(mean, pred.dtype)
+def decode(out, targets: list[Target], mean: list[float], std: list[float]):
+    """The head's target block [N, W] (torch) as read: regressions in their units, each
+    classification's probabilities."""
+    import torch
+
+    parts = []
+    for i, (t, block) in enumerate(zip(targets, _blocks(targets), strict=True)):
+        x = out[:, block]
+        parts.append(torch.softmax(x, dim=1) if t.classes else x * std[i] + mean[i])
+    return torch.cat(parts, 1) if parts else out[:, :0]
+
+
+def decode_numpy(out: np.ndarray, targets: list[Target], mean: list[float],
+                 std: list[float]) -> np.ndarray:  # fmt: skip
+    """`decode` for a numpy array."""
+    import torch
+
+    return decode(torch.from_numpy(out), targets, mean, std).numpy()
 
 
 def response_resolution(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -133,6 +197,36 @@ def regression_metrics(pred: np.ndarray, true: np.ndarray, names: list[str],
             entry["pt_bins"] = bins
         out[name] = entry
     return out
+
+
+def target_metrics(pred: np.ndarray, true: np.ndarray, targets: list[Target],
+                   train_median: list[float], jet_pt: np.ndarray | None) -> dict:  # fmt: skip
+    """{"regression": regression_metrics of the regressions, "classification": per
+    classification target its accuracy and each class's one-vs-rest AUC}."""
+    from voxjet.jets.metrics import roc_auc
+
+    out: dict = {}
+    blocks = _blocks(targets)
+    reg = [i for i, t in enumerate(targets) if not t.classes]
+    if reg:
+        cols = [blocks[i].start for i in reg]
+        out["regression"] = regression_metrics(pred[:, cols], true[:, reg],
+                                               [targets[i].name for i in reg],
+                                               [train_median[i] for i in reg], jet_pt)  # fmt: skip
+    for i, t in enumerate(targets):
+        if t.classes:
+            probs, y = pred[:, blocks[i]], true[:, i].astype(np.int64)
+            aucs = {c: roc_auc(probs[:, k], y == k) for k, c in enumerate(t.classes)}
+            macro = float(np.nanmean(list(aucs.values())))
+            out.setdefault("classification", {})[t.name] = {
+                "accuracy": float((probs.argmax(1) == y).mean()), "auc": aucs,
+                "auc_macro": macro, "n_jets": int(len(y))}  # fmt: skip
+    return out
+
+
+def regression_columns(targets: list[Target]) -> list[int]:
+    """The output columns of the regression targets."""
+    return [b.start for t, b in zip(targets, _blocks(targets), strict=True) if not t.classes]
 
 
 def regression_figure(path, pred: np.ndarray, true: np.ndarray, names: list[str],

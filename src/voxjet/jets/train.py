@@ -24,10 +24,11 @@ from voxjet.jets.models import build_model
 from voxjet.jets.stream import JetStream
 from voxjet.jets.targets import (
     Target,
+    decode_numpy,
+    output_columns,
     parse_targets,
-    regression_loss,
-    response_resolution,
-    to_units,
+    target_loss,
+    target_metrics,
 )
 from voxjet.training.loop import TrainSettings, train
 
@@ -70,7 +71,7 @@ class JetTask:
         self.targets: list[Target] = parse_targets((self.index.get("config") or {}).get("targets"))
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
-            "n_classes": self.n_classes + len(self.targets),
+            "n_classes": self.n_classes + len(output_columns(self.targets)),
             "particle_mean": self.index["particle_mean"],
             "particle_std": self.index["particle_std"],
             "feature_names": self.index["particle_features"],
@@ -181,10 +182,13 @@ class JetTask:
         c = self.n_classes
         loss = F.cross_entropy(out[:, :c], batch["labels"].to(device))
         if self.targets:  # standardised by the training split's mean and std
-            mean = torch.tensor(self.index["target_mean"], device=device)
-            std = torch.tensor(self.index["target_std"], device=device)
-            true = (batch["targets"].to(device) - mean) / std
-            loss = loss + regression_loss(out[:, c:], true, self.targets)
+            loss = loss + target_loss(
+                out[:, c:],
+                batch["targets"].to(device),
+                self.targets,
+                self.index["target_mean"],
+                self.index["target_std"],
+            )
         return loss, len(batch["labels"])
 
     def validation_share(self, rt: Runtime):
@@ -208,16 +212,20 @@ class JetTask:
         probs, labels, regressed, true = (np.concatenate(p) for p in zip(*parts, strict=True))
         m = jet_metrics(probs, labels, self.index["classes"], self.index.get("background"))
         out = {"score": m["auc_macro"], "auc_macro": m["auc_macro"], "accuracy": m["accuracy"]}
-        pred = to_units(regressed, self.index["target_mean"], self.index["target_std"]) if (
-            self.targets) else regressed  # fmt: skip
-        for i, t in enumerate(self.targets):  # logged beside the AUC; the AUC picks the best
-            out[f"resolution_{t.name}"] = response_resolution(pred[:, i], true[:, i])["resolution"]
+        if self.targets:  # logged beside the AUC; the AUC picks the best
+            pred = decode_numpy(regressed, self.targets, self.index["target_mean"],
+                                self.index["target_std"])  # fmt: skip
+            m = target_metrics(pred, true, self.targets, self.index["target_mean"], None)
+            for name, r in m.get("regression", {}).items():
+                out[f"resolution_{name}"] = r["resolution"]
+            for name, r in m.get("classification", {}).items():
+                out[f"accuracy_{name}"] = r["accuracy"]
         return out
 
 
 def target_settings(index: dict) -> dict[str, Any]:
-    """What a trained model needs of its regression targets: names, specs and the training
-    split's mean and std (to turn its outputs back into the targets' units)."""
+    """What a trained model needs of its targets: names, specs and the training split's mean
+    and std (to turn its regression outputs back into the targets' units)."""
     return {"names": list(index["targets"]), "specs": (index.get("config") or {}).get("targets"),
             "mean": index["target_mean"], "std": index["target_std"]}  # fmt: skip
 

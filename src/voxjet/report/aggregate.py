@@ -116,6 +116,9 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
         flat[f"resolution_{name}_median_baseline"] = _num(r["median_baseline"]["resolution"])
         for i, b in enumerate(r.get("pt_bins", [])):
             flat[f"resolution_{name}_pt_bin{i}"] = _num(b.get("resolution"))
+    for name, r in metrics.get("classification", {}).items():  # auxiliary classifications
+        flat[f"accuracy_{name}"] = _num(r.get("accuracy"))
+        flat[f"auc_macro_{name}"] = _num(r.get("auc_macro"))
     for c, d in metrics.get("per_class", {}).items():
         for m in ("dice", "hd95"):
             flat[f"{m}_{c}"] = _num(d.get(m))

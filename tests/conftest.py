@@ -129,6 +129,30 @@ def toy_cases(root: Path, synth, prep) -> Path:
     return root / "cases"
 
 
+def assert_predict_equals_evaluation(eval_dir: Path, pred_dir: Path, columns: dict,
+                                     atol: float = 1e-6) -> None:  # fmt: skip
+    """Each `predict` output column {branch: (dataset, column)} equals evaluation's stored
+    value (eval_dir/predictions.h5) for the same jets, found by (file, entry)."""
+    import h5py
+    import hdf5plugin  # noqa: F401
+    import numpy as np
+    import uproot
+
+    with h5py.File(eval_dir / "predictions.h5") as p:
+        stored = {k: p[k][...] for k in {d for d, _ in columns.values()}}
+        files, entries = p["file"][...], p["entry"][...]
+        sources = [str(s) for s in p.attrs["source_files"]]
+    for k, src in enumerate(sources):
+        (out,) = pred_dir.rglob(src.split("/")[-1])
+        with uproot.open(out) as f:
+            tree = f[f.keys(cycle=False)[0]]
+            got = tree.arrays(list(columns), library="np")
+        for branch, (dataset, col) in columns.items():
+            np.testing.assert_allclose(got[branch][entries[files == k]],
+                                       stored[dataset][files == k, col], atol=atol,
+                                       err_msg=f"{src} {branch}")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """Jet shards of a small toy dataset (4 classes × 200 jets), staged and sharded."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import awkward as ak
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -168,7 +167,7 @@ def test_a_collections_objects_join_the_particles_with_shared_features_copied():
 ])  # fmt: skip
 def test_taggers_read_the_vertices_through_evaluation_predict_and_export(raw, sharded, tmp_path,
                                                                          name, kw):  # fmt: skip
-    import hdf5plugin  # noqa: F401
+    from conftest import assert_predict_equals_evaluation
 
     from voxjet.export import export_model
     from voxjet.jets.evaluate import evaluate
@@ -180,14 +179,8 @@ def test_taggers_read_the_vertices_through_evaluation_predict_and_export(raw, sh
     model = tmp_path / "run" / "model.pt"
     evaluate(str(sharded), str(model), str(tmp_path / "eval"))
     run_predict(str(model), [str(raw / "raw")], str(tmp_path / "pred"))
-    with h5py.File(tmp_path / "eval" / "predictions.h5") as p:
-        probs, files, entries = p["probs"][...], p["file"][...], p["entry"][...]
-        sources = [str(s) for s in p.attrs["source_files"]]
-    for k, src in enumerate(sources):
-        (out,) = (tmp_path / "pred").rglob(src.split("/")[-1])
-        with uproot.open(out) as f:
-            col = f["tree"]["score_Hbb"].array(library="np")
-        np.testing.assert_allclose(col[entries[files == k]], probs[files == k, 1], atol=1e-6)
+    assert_predict_equals_evaluation(tmp_path / "eval", tmp_path / "pred",
+                                     {"score_Hbb": ("probs", 1)})  # fmt: skip
     # the vertices change the scores: the model reads them
     from voxjet.jets.dataset import load_split
     from voxjet.jets.tagger import load_trained

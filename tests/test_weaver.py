@@ -503,9 +503,7 @@ def test_the_pf_sv_config_trains_and_predicts_with_either_particlenet(manifest, 
                                                                       model):  # fmt: skip
     """weaver's ParticleNetTagger and voxjet's own ParticleNet (the vertices joined to the
     particles) on the pf + sv shards: predict on the raw files equals evaluation's scores."""
-    import h5py
-    import hdf5plugin  # noqa: F401
-    import uproot
+    from conftest import assert_predict_equals_evaluation
 
     from voxjet.jets.evaluate import evaluate
     from voxjet.jets.train import run
@@ -517,11 +515,5 @@ def test_the_pf_sv_config_trains_and_predicts_with_either_particlenet(manifest, 
     evaluate(str(shards), str(tmp_path / "run" / "model.pt"), str(tmp_path / "eval"))
     run_predict(str(tmp_path / "run" / "model.pt"), [str(manifest.parent / "staged")],
                 str(tmp_path / "pred"))  # fmt: skip
-    with h5py.File(tmp_path / "eval" / "predictions.h5") as p:
-        probs, files, entries = p["probs"][...], p["file"][...], p["entry"][...]
-        sources = [str(s) for s in p.attrs["source_files"]]
-    for k, src in enumerate(sources):
-        (out,) = (tmp_path / "pred").rglob(src.split("/")[-1])
-        with uproot.open(out) as f:
-            col = f["tree"]["score_Hbb"].array(library="np")
-        np.testing.assert_allclose(col[entries[files == k]], probs[files == k, 1], atol=1e-5)
+    assert_predict_equals_evaluation(tmp_path / "eval", tmp_path / "pred",
+                                     {"score_Hbb": ("probs", 1)}, atol=1e-5)  # fmt: skip

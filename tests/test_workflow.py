@@ -128,11 +128,20 @@ def test_examples_pass_dry_run_when_their_files_exist(workflow_dir, tmp_path):
         training.append({"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"})
     (spleen / "dataset.json").write_text(json.dumps({"modality": {"0": "CT"},
         "labels": {"0": "background", "1": "spleen"}, "training": training}))  # fmt: skip
+    cms = tmp_path / "ak8_ntuples"  # CMS's AK8 ntuples, and weaver-core's data config for them
+    cms.mkdir()
+    (cms / "QCD_000.root").write_bytes(b"")
+    from cms_ak8 import ak8_config
+
+    ak8 = tmp_path / "ak8_points_pf_sv_full.yaml"
+    ak8.write_text(yaml.safe_dump(ak8_config("awkward.JaggedArray.ones_like"), sort_keys=False))
     for name, path in (("jetclass", jetclass), ("jetclass_weaver", jetclass),
-                       ("msd_spleen", spleen)):  # fmt: skip
+                       ("msd_spleen", spleen), ("cms_ak8_weaver", cms)):  # fmt: skip
         cfg = yaml.safe_load((REPO / "config" / "examples" / f"{name}.yaml").read_text())
         ds = next(iter(cfg["datasets"]))
         cfg["datasets"][ds]["source"]["path"] = str(path)
+        if name == "cms_ak8_weaver":
+            cfg["datasets"][ds]["jets"]["weaver_config"] = str(ak8)
         c = write_config(tmp_path / f"{name}.yaml", cfg)
         r = run_snakemake(workflow_dir, "-n", "--configfile", str(c), "--replace-workflow-config")
         assert r.returncode == 0, r.stdout + r.stderr

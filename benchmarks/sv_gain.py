@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--jets", type=int, default=3000, help="jets a class")
     ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     a = ap.parse_args()
     from voxjet.jets.pythia import generate_dataset, missing
@@ -56,7 +57,7 @@ def main() -> None:
                          progress=False, workers=2)  # fmt: skip
         stage(str(d / "raw"), d / "staged", d / "m.json", patterns=["*.root"])
         print(f"{a.jets} H→bb̄ and {a.jets} QCD jets from Pythia 8; test AUC over {a.seeds} "
-              f"seeds, {a.steps} steps of 128 jets; target (issue 27): particles + sv above "
+              f"seeds, {a.steps} steps of {a.batch} jets; target (issue 27): particles + sv above "
               "particles alone")  # fmt: skip
         print("| tagger | particle features | AUC particles | AUC particles + sv | gain |")
         print("|---|---|---|---|---|")
@@ -76,7 +77,7 @@ def main() -> None:
                     aucs[with_sv] = []
                     for seed in range(a.seeds):
                         out = d / f"run_{model}_{tag}_{seed}"
-                        train = {"steps": a.steps, "batch_size": 128, "lr": 2e-3, "seed": seed,
+                        train = {"steps": a.steps, "batch_size": a.batch, "lr": 2e-3, "seed": seed,
                                  "eval_every": a.steps}  # fmt: skip
                         run(str(shards), {"model": MODELS[model], "train": train}, str(out))
                         m = evaluate(str(shards), str(out / "model.pt"), str(out / "eval"))

@@ -21,7 +21,7 @@ CASES = {
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
     "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],
-    "sv_gain": ["--jets", "60", "--steps", "3", "--seeds", "1", "--models", "pfn"],
+    "sv_gain": ["--jets", "60", "--steps", "3", "--seeds", "1", "--models", "pfn", "--batch", "16"],
     # four cases: the plan's split needs a validation case besides training ones
     "augment": [
         "--cases",

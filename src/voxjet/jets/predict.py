@@ -1,13 +1,14 @@
 """Apply a trained tagger to ROOT files it has never seen (weaver's `--predict`): one output
 file a input file, the same tree with the same entries in the same order, branches
-`score_<class>`, `pred_<target>` for a model with regression targets (in the target's units) and
-a flag, plus observer branches copied through. The features and their
+`score_<class>`, for a model with targets `pred_<target>` (a regression, in its units) or
+`pred_<target>_<class>` (a classification's probabilities), and a flag, plus observer branches
+copied through. The features and their
 standardisation come from the model (model.pt carries the jets config it was trained with), so
 files that were never sharded — without label branches — can be scored. Files are read in
 steps of `step_size` entries: memory does not grow with the file.
 
 A jet that fails the model's selection, or whose input branches hold NaN/inf, keeps its row:
-its scores (and regression outputs) are SCORE_NOT_SCORED and `selected` says why (SELECTED /
+its scores (and target outputs) are SCORE_NOT_SCORED and `selected` says why (SELECTED /
 FAILED_SELECTION / NOT_FINITE); no row is ever dropped or shifted."""
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def scored_chunks(
                     feats.update(collection_arrays(jets, v, c, rows))
                 scores[chosen], regressed[chosen] = infer(tagger, feats, batch)
             out = {f"score_{c}": scores[:, i] for i, c in enumerate(tagger.classes)}
-            # regression targets in their units, beside the scores
+            # the targets' outputs, beside the scores
             out.update({f"pred_{t}": regressed[:, i] for i, t in enumerate(tagger.target_names)})
             out["selected"] = flag
             for obs in observers:

@@ -39,8 +39,8 @@ JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
 def predict(model: nn.Module, data, device: torch.device, n_classes: int,
             collections: list[dict] = (), batch_size: int = 2048,
             ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Class probabilities [N, C] and the standardised regression outputs [N, T] of every jet
-    of `data` (the head's outputs past the classes)."""
+    """Class probabilities [N, C] and the head's raw target outputs [N, W] (past the classes;
+    voxjet.jets.targets.decode reads them) of every jet of `data`."""
     model.eval()
     probs, regressed = [], []
     for lo in range(0, len(data), batch_size):
@@ -67,7 +67,7 @@ class JetTask:
         self.index = load_index(shard_dir, self.read)
         self._val: tuple[tuple[int, int], Any] | None = None  # (rank, world), this rank's share
         self.n_classes = len(self.index["classes"])
-        # regression targets: one output each past the classes, learned standardised
+        # targets: a block of outputs each past the classes (voxjet.jets.targets)
         self.targets: list[Target] = parse_targets((self.index.get("config") or {}).get("targets"))
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),

@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def _sampler(cases: Path, ids: list[str], patch: list[int], batch: int, on: str):
-    from voxjet.volumes.patches import CaseStore, PatchSampler
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.store import CaseStore
 
     spacing = json.loads((cases / "plan.json").read_text()).get("target_spacing")
     store = CaseStore(cases, ids)

@@ -236,7 +236,8 @@ def energy_row(r: Report, model: torch.nn.Module, batch: tuple, a: argparse.Name
 
 def seg_cases(root: Path, tiny: bool) -> tuple[Path, list[int]]:
     """Preprocessed toy CT cases and the patch (nnU-Net's 128×128×64; tiny: 32×32×16)."""
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     shape, patch = ((40, 40, 20), [32, 32, 16]) if tiny else ((192, 192, 96), [128, 128, 64])

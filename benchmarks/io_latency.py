@@ -57,7 +57,8 @@ def case_rate(
 ) -> tuple[float, int]:
     """(patches/s of `n` batches from a fresh case store at latency://, peak bytes in flight):
     the first batches wait for their case files, later ones find them fetched ahead."""
-    from voxjet.volumes.patches import CaseStore, PatchSampler
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.store import CaseStore
 
     fetch = FetchConfig(threads=threads, block_bytes=block, max_bytes_in_flight=bound)
     sizes = {c: (cases / f"{c}.h5").stat().st_size for c in ids}  # what cases.json records
@@ -95,7 +96,8 @@ def local_jets(shards: Path) -> tuple[float, int]:
 
 def local_cases(cases: Path, ids: list[str], n: int) -> float:
     """patches/s of `n` batches from case files in a local folder."""
-    from voxjet.volumes.patches import CaseStore, PatchSampler
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.store import CaseStore
 
     store = CaseStore(cases, ids)
     sampler = PatchSampler(store, PATCH, 2, 1 / 3, seed=0)

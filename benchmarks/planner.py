@@ -49,7 +49,8 @@ def _jets(d: Path) -> str:
 
 
 def _cases(d: Path) -> str:
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig
     from voxjet.volumes.synth import generate_dataset as toy_ct
 

@@ -84,7 +84,7 @@ def nnunet_plans(msd: Path, root: Path, scale: int = 1) -> dict:
 
 def voxjet_from(fingerprint: dict, preset: str, in_channels: int = 1, outputs: int = 3) -> dict:
     """voxjet's plan from nnU-Net's fingerprint, its (z, y, x) axes turned to RAS."""
-    from voxjet.volumes.resenc import plan_resenc_dataset
+    from voxjet.volumes.plan.resenc import plan_resenc_dataset
 
     sp = [list(reversed(s)) for s in fingerprint["spacings"]]
     sh = [list(reversed(s)) for s in fingerprint["shapes_after_crop"]]
@@ -96,7 +96,7 @@ def voxjet_2d_from(fingerprint: dict, preset: str, in_channels: int = 1,
     """voxjet's 2d configuration from nnU-Net's fingerprint, in nnU-Net's axis order."""
     import numpy as np
 
-    from voxjet.volumes.configurations import in_plane, plan_2d
+    from voxjet.volumes.plan.configurations import in_plane, plan_2d
 
     sized = voxjet_from(fingerprint, preset, in_channels, outputs)
     voxels = float(np.prod(sized["median_shape_resampled"]) * len(fingerprint["spacings"]))
@@ -117,7 +117,7 @@ def voxjet_lowres_from(fingerprint: dict, preset: str, in_channels: int = 1,
                        outputs: int = 3) -> dict | None:  # fmt: skip
     """voxjet's 3d_lowres configuration from nnU-Net's fingerprint (None where it plans
     none), in nnU-Net's axis order."""
-    from voxjet.volumes.configurations import plan_lowres
+    from voxjet.volumes.plan.configurations import plan_lowres
 
     sized = voxjet_from(fingerprint, preset, in_channels, outputs)
     c = plan_lowres(sized, len(fingerprint["spacings"]), in_channels, outputs, preset,
@@ -145,8 +145,9 @@ def in_nnunet_axes(plan: dict) -> dict:
 def voxjet_own(msd: Path, preset: str) -> dict:
     """voxjet's plan from its own fingerprint of every training case (as nnU-Net's covers)."""
     from voxjet.volumes.msd import load_dataset
-    from voxjet.volumes.preprocess import VolumePrepConfig, inspect_cases
-    from voxjet.volumes.resenc import plan_resenc_dataset
+    from voxjet.volumes.plan.fingerprint import inspect_cases
+    from voxjet.volumes.plan.resenc import plan_resenc_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
 
     ds = load_dataset(msd)
     stats, _ = inspect_cases(ds, [c.case_id for c in ds.cases], VolumePrepConfig())

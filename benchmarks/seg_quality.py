@@ -109,7 +109,8 @@ def run_voxjet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
                run_cfg: dict) -> tuple[dict, dict, float]:  # fmt: skip
     """voxjet's preprocessing, training and test predictions; (splits, Dice a class, s)."""
     from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.train import run
 
     manifest = work / "manifest.json"
@@ -140,7 +141,7 @@ def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
     topology for that patch), preprocessing, training on voxjet's fold 0 and test predictions."""
     import nnunet_peer
 
-    from voxjet.volumes.resenc import pool_and_conv_props
+    from voxjet.volumes.plan.topology import pool_and_conv_props
 
     budget = {"VOXJET_BENCH_EPOCHS": str(epochs), "VOXJET_BENCH_ITERS": str(steps // epochs)}
     environ = {**nnunet_peer.env(work), "nnUNet_n_proc_DA": "2", "nnUNet_compile": "f", **budget}

@@ -44,7 +44,8 @@ def main() -> None:
     import torch
 
     from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
     from voxjet.volumes.train import run
 

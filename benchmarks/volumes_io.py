@@ -56,7 +56,8 @@ def bench_loader(
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
 
-    from voxjet.volumes.patches import CaseStore, PatchSampler
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.store import CaseStore
 
     store = CaseStore(cases_dir, case_ids, cache_bytes=cache_bytes)
     plan = cases_dir / "plan.json"
@@ -172,7 +173,8 @@ def bench_patch_read(
 ) -> tuple[float, float]:
     """(seconds a random image+label patch through the loader's case store, seconds for the
     same from memory-mapped uncompressed .npy files)."""
-    from voxjet.volumes.patches import CaseStore, read_patch
+    from voxjet.volumes.patches import read_patch
+    from voxjet.volumes.store import CaseStore
 
     rng = np.random.default_rng(0)
     p = np.array(patch)

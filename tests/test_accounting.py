@@ -12,7 +12,8 @@ import types
 import pytest
 import torch
 
-from voxjet.report.aggregate import RunInfo, aggregate
+from voxjet.report.aggregate import aggregate
+from voxjet.report.runs import RunInfo
 from voxjet.training import accounting
 from voxjet.training.accounting import Session, add_session, combine_ranks, summary
 

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from voxjet.report.aggregate import RunInfo, aggregate, flatten_eval
+from voxjet.report.aggregate import aggregate, flatten_eval
+from voxjet.report.runs import RunInfo
 
 
 def _run(tmp_path, name, domain, metrics, params=None, train=None):

@@ -241,7 +241,7 @@ def test_patches_not_turned_are_mirrored_unless_cut_mirrored():
 def cases(tmp_path_factory):
     from conftest import toy_cases
 
-    from voxjet.volumes.preprocess import VolumePrepConfig
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig
 
     root = tmp_path_factory.mktemp("aug")
@@ -251,7 +251,8 @@ def cases(tmp_path_factory):
 
 
 def _sampler(cases, batch=6):
-    from voxjet.volumes.patches import CaseStore, PatchSampler
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.store import CaseStore
 
     ids = sorted(p.stem for p in cases.glob("*.h5"))
     return PatchSampler(CaseStore(cases, ids), [24, 24, 12], batch, 1 / 3, seed=5, augment=True,

@@ -15,8 +15,10 @@ from conftest import job_counts, run_snakemake, toy_cases, write_config
 from scipy import ndimage
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.best import PROBABILITIES, find_best, save_probabilities
-from voxjet.volumes.preprocess import VolumePrepConfig
+from voxjet.volumes.find_best import find_best
+from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.probabilities import PROBABILITIES, save_probabilities
+from voxjet.volumes.settings import VolumePrepConfig
 from voxjet.volumes.synth import ToyVolumesConfig
 
 SMALL = ToyVolumesConfig(
@@ -176,9 +178,10 @@ def test_fold_runs_validate_their_folds_and_predict_applies_the_choice(cases, tm
     chooses from them, and predict with the choice averages the chosen models and applies the
     chosen post-processing to what they predict."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.best import apply_postprocessing
     from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import fold_splits, run
+    from voxjet.volumes.postprocessing import apply_postprocessing
+    from voxjet.volumes.splits import fold_splits
+    from voxjet.volumes.train import run
 
     splits = json.loads((cases / "splits.json").read_text())
     folders, models = [], []
@@ -208,9 +211,9 @@ def test_fold_runs_validate_their_folds_and_predict_applies_the_choice(cases, tm
     plain = run_predict(models, [str(image)], str(tmp_path / "plain"))[0]
     best = run_predict(models, [str(image)], str(tmp_path / "bestpred"),
                        choice=str(tmp_path / "best" / "choice.json"))[0]  # fmt: skip
-    plan = json.loads((cases / "plan.json").read_text())
+    plan = Plan.from_dict(json.loads((cases / "plan.json").read_text()))
     expected = apply_postprocessing(np.asarray(nib.load(plain).dataobj), choice["postprocessing"],
-                                    plan)  # fmt: skip
+                                    plan.label_set)  # fmt: skip
     assert np.array_equal(np.asarray(nib.load(best).dataobj), expected)
     with pytest.raises(VoxjetError, match="names models this job was not given"):
         run_predict(models[:1], [str(image)], str(tmp_path / "x"),

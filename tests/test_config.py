@@ -168,7 +168,7 @@ def test_repeats_are_runs_with_other_seeds(demo_config):
     reps = sorted(r for r in runs if runs[r].experiment == "part")
     assert reps == ["part", "part_rep-1", "part_rep-2"]
     assert [runs[r].config["train"]["seed"] for r in reps] == [5, 6, 7]
-    from voxjet.report.aggregate import run_infos
+    from voxjet.report.runs import run_infos
 
     infos = {i.run: i for i in run_infos(runs.values())}
     assert {infos[r].group for r in reps} == {"part"} and infos["part_rep-2"].params == {}

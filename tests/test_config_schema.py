@@ -17,7 +17,7 @@ from voxjet.jets.shard import JetDataConfig
 from voxjet.jets.synth import ToyJetsConfig
 from voxjet.planner.plan import Site
 from voxjet.training.loop import TrainSettings
-from voxjet.volumes.preprocess import VolumePrepConfig
+from voxjet.volumes.settings import VolumePrepConfig
 from voxjet.volumes.synth import ToyVolumesConfig
 
 SCHEMA = load_schema()

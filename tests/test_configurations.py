@@ -17,10 +17,12 @@ import torch
 from conftest import toy_cases
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.configurations import effective_plan, plan_2d, slice_axis
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import PatchSampler
-from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+from voxjet.volumes.plan.configurations import plan_2d, slice_axis
+from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.preprocess import preprocess_dataset
+from voxjet.volumes.settings import VolumePrepConfig
 from voxjet.volumes.synth import ToyVolumesConfig
 
 NET2D = {"kernels": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "filters": [4, 8, 16]}
@@ -71,7 +73,7 @@ def test_a_2d_configuration_slices_along_the_coarsest_axis(spacing, median, axis
 
 
 def test_3d_lowres_only_where_the_patch_covers_less_than_a_quarter_of_the_median_case():
-    from voxjet.volumes.configurations import plan_lowres
+    from voxjet.volumes.plan.configurations import plan_lowres
 
     # thick slices, cases 4x the patch in-plane: the fine axes coarsen first (nnU-Net's rule)
     sized = {"target_spacing": [0.8, 0.8, 3.0], "median_shape_resampled": [256, 256, 40],
@@ -90,10 +92,12 @@ def test_3d_lowres_only_where_the_patch_covers_less_than_a_quarter_of_the_median
 
 
 def test_a_plan_without_the_configuration_is_refused_naming_the_rerun():
-    plan = {"patch_size": [32, 32, 16], "configurations": {}}
+    plan = Plan(labels={0: "background", 1: "a"}, num_classes=2, channels=["CT"],
+                normalization=["ct"], target_spacing=[1.0] * 3, patch_size=[32, 32, 16],
+                batch_size=2)  # fmt: skip
     with pytest.raises(VoxjetError, match=r"plan.json: the plan has no '2d' .*-R plan_volumes"):
-        effective_plan(plan, "2d", "cases/plan.json")
-    assert effective_plan(plan, "3d_fullres", "x")["patch_size"] == [32, 32, 16]
+        plan.configured("2d", "cases/plan.json")
+    assert plan.configured("3d_fullres", "x").patch_size == [32, 32, 16]
 
 
 def _mkdir(path: Path) -> Path:
@@ -159,8 +163,9 @@ def test_augmented_2d_patches_never_mix_slices(axis, on):
 
 
 def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
-    from voxjet.volumes.bundle import export_torchscript_unet
-    from voxjet.volumes.evaluate import evaluate, load_trained
+    from voxjet.volumes.evaluate import evaluate
+    from voxjet.volumes.export import export_torchscript_unet
+    from voxjet.volumes.models import load_trained
     from voxjet.volumes.train import run
 
     small = ToyVolumesConfig(train_cases=4, test_cases=1, min_shape=(36, 36, 12),
@@ -324,14 +329,14 @@ def test_a_lowres_segmentation_reaches_the_cascade_as_the_case_files_label_did(t
     """The previous stage's label map, given on the original grid (a validation's
     probabilities, or a test prediction), lands in the plan's space exactly where
     preprocessing put the case's own label (flipped, non-RAS and anisotropic cases)."""
-    from voxjet.volumes.best import save_probabilities
     from voxjet.volumes.cascade import CascadeImage, PreviousStage
-    from voxjet.volumes.patches import CaseStore
+    from voxjet.volumes.probabilities import save_probabilities
+    from voxjet.volumes.store import CaseStore
 
     small = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(36, 36, 12),
                              max_shape=(40, 40, 14))  # fmt: skip
     toy_cases(tmp_path, small, VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))
-    plan = json.loads((tmp_path / "cases" / "plan.json").read_text())
+    plan = Plan.from_dict(json.loads((tmp_path / "cases" / "plan.json").read_text()))
     cids = sorted(p.stem for p in (tmp_path / "cases").glob("*.h5"))
     val, pred = tmp_path / "fold0" / "validation", tmp_path / "fold0" / "eval" / "predictions"
     pred.mkdir(parents=True)

@@ -58,8 +58,10 @@ def test_flipped_bytes_in_a_shard_fail_naming_file_and_jets(shards, tmp_path):
 
 @pytest.mark.parametrize("storage", ["mapped", "compressed", "blosc2"])
 def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
-    from voxjet.volumes.patches import CaseStore, PatchSampler
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.patches import PatchSampler
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
+    from voxjet.volumes.store import CaseStore
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     generate_dataset(tmp_path / "msd", ToyVolumesConfig(train_cases=4, test_cases=0,
@@ -73,7 +75,7 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
         original = victim.read_bytes()
         flip(victim, n, 0.4)
         store = CaseStore(tmp_path / "cases", ids[:1])
-        sampler = PatchSampler(store, plan["patch_size"], 2, 0.5, 0, augment=False)
+        sampler = PatchSampler(store, plan.patch_size, 2, 0.5, 0, augment=False)
         with pytest.raises(VoxjetError) as e:
             for i in range(20):  # patches over the case touch every chunk soon
                 store.cache = type(store.cache)(0)  # no cache: every read decodes
@@ -85,7 +87,7 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
             assert re.search(region, str(e.value))
         store.close()
         # evaluation and validation read whole cases: verified as well
-        from voxjet.volumes.inference import read_case_arrays
+        from voxjet.volumes.store import read_case_arrays
 
         with pytest.raises(VoxjetError, match=rf"{ids[0]}\.h5: .*rerun preprocess_case"):
             with h5py.File(victim) as f:
@@ -182,7 +184,8 @@ def test_sigkill_of_the_snakemake_group_leaves_no_training_process(workflow_dir,
 def test_torn_metrics_line_resumes_and_a_garbage_line_names_file_and_line(shards, tmp_path):
     from voxjet.distributed.runtime import init_runtime
     from voxjet.jets.train import JetTask
-    from voxjet.report.aggregate import RunInfo, aggregate
+    from voxjet.report.aggregate import aggregate
+    from voxjet.report.runs import RunInfo
     from voxjet.training.loop import TrainSettings, train
 
     def go(steps: int) -> None:

@@ -336,8 +336,8 @@ def test_hep_figures_for_any_class_list_leave_the_global_style_alone(tmp_path):
     example's classes; the style applies to these figures only."""
     import matplotlib
 
-    from voxjet.report import hep_figures
-    from voxjet.report.figures import pyplot
+    from voxjet.jets import figures as hep_figures
+    from voxjet.plotting import pyplot
 
     pyplot()  # the headless backend every voxjet figure selects, before the style is compared
     rng = np.random.default_rng(3)

@@ -157,7 +157,8 @@ def test_a_run_whose_step_does_not_fit_is_named(shards, tmp_path, monkeypatch):
 
 
 def test_the_summary_sets_predictions_beside_measured_throughput(tmp_path):
-    from voxjet.report.aggregate import RunInfo, aggregate
+    from voxjet.report.aggregate import aggregate
+    from voxjet.report.runs import RunInfo
 
     d = tmp_path / "pfn"
     (d / "eval").mkdir(parents=True)

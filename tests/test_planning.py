@@ -1,4 +1,4 @@
-"""Experiment planning (voxjet.volumes.planning): target spacing, the resampled median shape,
+"""Experiment planning (voxjet.volumes.plan): target spacing, the resampled median shape,
 the network topology, the memory estimate of the network trained, patch and batch."""
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ import pytest
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.msd import Case, MSDDataset
-from voxjet.volumes.planning import (
-    check_model_against_plan,
-    estimate_bytes,
-    plan_patch_and_batch,
-    target_spacing,
-    topology,
-)
-from voxjet.volumes.preprocess import VolumePrepConfig, make_plan
+from voxjet.volumes.plan.experiment import make_plan
+from voxjet.volumes.plan.memory import estimate_bytes
+from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.plan.sizing import check_model_against_plan, plan_patch_and_batch
+from voxjet.volumes.plan.spacing import target_spacing
+from voxjet.volumes.plan.topology import topology
+from voxjet.volumes.settings import VolumePrepConfig
 
 
 def _dataset(channels=("CT",), labels=None) -> MSDDataset:
@@ -46,7 +45,7 @@ def test_mixed_spacings_plan_the_resampled_median_with_anisotropic_strides():
                  [160, 160, 200]]  # fmt: skip
     shapes = np.round(np.array(extent_mm) / np.array(spacings)).astype(int).tolist()
     fp = _fingerprint(spacings, shapes)
-    plan = make_plan(fp, _dataset(), VolumePrepConfig(network_depth=5, gpu_memory_gb=8))
+    plan = make_plan(fp, _dataset(), VolumePrepConfig(network_depth=5, gpu_memory_gb=8)).to_dict()
     target = plan["target_spacing"]
     assert target == pytest.approx([0.8, 0.8, 2.0])
     want = np.median(np.round(np.array(shapes) * np.array(spacings) / np.array(target)), 0)
@@ -91,19 +90,19 @@ def test_plan_shrinks_patch_to_budget_then_plans_pipeline_stages():
 def test_plan_patch_fits_median_case_and_network():
     fp = _fingerprint([[1, 1, 1]] * 3, [[70, 50, 20]] * 3)
     cfg = VolumePrepConfig(patch_size=[64, 64, 64], network_depth=3)
-    plan = make_plan(fp, _dataset(), cfg)
+    plan = make_plan(fp, _dataset(), cfg).to_dict()
     # capped to the median case, rounded up to what 3 isotropic levels divide
     assert plan["patch_size"] == [64, 56, 24] and plan["normalization"] == ["ct"]
     assert plan["batch_size"] >= 2 and plan["pipeline_stages"] == 1
-    two = make_plan(fp, _dataset(("T1", "noNorm")), cfg)
+    two = make_plan(fp, _dataset(("T1", "noNorm")), cfg).to_dict()
     assert two["normalization"] == ["zscore", "none"] and two["channels"] == ["T1", "noNorm"]
 
 
 def test_plan_channels_are_the_estimated_network_and_must_cover_its_levels():
     fp = _fingerprint([[1, 1, 1]] * 3, [[64, 64, 64]] * 3)
     cfg = VolumePrepConfig(network_depth=3, plan_channels=[4, 8, 16, 32])
-    narrow = make_plan(fp, _dataset(), cfg)
-    wide = make_plan(fp, _dataset(), VolumePrepConfig(network_depth=3))
+    narrow = make_plan(fp, _dataset(), cfg).to_dict()
+    wide = make_plan(fp, _dataset(), VolumePrepConfig(network_depth=3)).to_dict()
     assert narrow["network"]["filters"] == [4, 8, 16, 32]
     assert narrow["estimated_gpu_memory_gb"] < wide["estimated_gpu_memory_gb"]
     with pytest.raises(VoxjetError, match="plan_channels has 2 widths, but the planned network"):
@@ -111,7 +110,9 @@ def test_plan_channels_are_the_estimated_network_and_must_cover_its_levels():
 
 
 def test_a_unet_deeper_than_the_plan_is_refused_naming_the_fix():
-    plan = {"patch_size": [64, 64, 24], "config": {"network_depth": 3}}
+    plan = Plan(labels={0: "background", 1: "organ"}, num_classes=2, channels=["CT"],
+                normalization=["ct"], target_spacing=[1.0] * 3, patch_size=[64, 64, 24],
+                batch_size=2, network_depth=3)  # fmt: skip
     check_model_against_plan({"name": "unet", "channels": [8, 16, 32, 64]}, plan, "plan.json")
     with pytest.raises(VoxjetError, match=r"plan.json: a U-Net of 5 levels .* not divisible by 16"):
         check_model_against_plan({"name": "unet", "channels": [8] * 5}, plan, "plan.json")
@@ -165,7 +166,8 @@ def test_memory_estimate_bounds_a_measured_peak_on_cpu(cfg, patch, batch):
 
 
 def test_auto_storage_maps_what_the_page_cache_holds_and_packs_the_rest():
-    from voxjet.volumes.planning import GIB, choose_storage
+    from voxjet.volumes.plan.memory import GIB
+    from voxjet.volumes.plan.storage import choose_storage
 
     fits = choose_storage("auto", 10 * GIB, 64 * GIB)
     assert fits["store"] == "mapped" and "fit in 50%" in fits["reason"]

@@ -155,7 +155,7 @@ def test_a_killed_predict_job_leaves_nothing_taken_for_done(tagger, tmp_path):
 
 
 def test_a_model_of_the_other_domain_is_refused(tagger, tmp_path):
-    from voxjet.volumes.evaluate import load_trained
+    from voxjet.volumes.models import load_trained
 
     with pytest.raises(VoxjetError, match=r"model\.pt: a jets model; segmentation needs"):
         load_trained(tagger / "run" / "model.pt")
@@ -204,7 +204,8 @@ def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
 @pytest.fixture(scope="module")
 def segmenter(tmp_path_factory):
     """Toy CT cases preprocessed and a short U-Net run on them."""
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig
     from voxjet.volumes.synth import generate_dataset as make_volumes
     from voxjet.volumes.train import run
@@ -266,7 +267,7 @@ def test_unseen_cases_in_other_orientations_segment_onto_their_own_grid(segmente
 def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, tmp_path):
     from voxjet.export import export_model
     from voxjet.predict import run_predict
-    from voxjet.volumes.bundle import run_bundle
+    from voxjet.volumes.export import run_bundle
 
     case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
     bundle = export_model(segmenter / "run" / "model.pt", "bundle", tmp_path / "export")

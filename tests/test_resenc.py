@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.resenc import (
+from voxjet.volumes.plan.resenc import (
     PRESETS,
     SMALLEST_3D,
     feature_map_elements,
     plan_resenc_dataset,
-    pool_and_conv_props,
     resenc_network,
 )
+from voxjet.volumes.plan.topology import pool_and_conv_props
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "tests" / "data" / "nnunet_resenc_toy_ct.json"
@@ -117,7 +117,8 @@ def test_voxjets_own_fingerprint_of_the_toy_set_is_nnunets(nnunet_reference):
     import yaml
 
     from voxjet.volumes.msd import load_dataset
-    from voxjet.volumes.preprocess import VolumePrepConfig, inspect_cases
+    from voxjet.volumes.plan.fingerprint import inspect_cases
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     synth = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["datasets"]["toy_ct"]
@@ -174,7 +175,8 @@ def test_config_check_refuses_a_target_below_the_presets_floor_at_the_dry_run():
 @pytest.fixture(scope="module")
 def resenc_cases(tmp_path_factory) -> Path:
     """A small toy CT set preprocessed with the ResEnc M preset."""
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     tmp = tmp_path_factory.mktemp("resenc")
@@ -211,7 +213,7 @@ def test_resenc_trains_and_evaluates_on_its_plan(resenc_cases, tmp_path, deep_su
         return
     # exported (TorchScript) and applied to a new image as any other segmentation model
     from voxjet.distributed.runtime import init_runtime, shutdown
-    from voxjet.volumes.bundle import export_volumes
+    from voxjet.volumes.export import export_volumes
     from voxjet.volumes.predict import run_volume_predict
 
     ts = export_volumes(tmp_path / "run" / "model.pt", "torchscript", tmp_path)

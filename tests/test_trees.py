@@ -13,9 +13,9 @@ import uproot
 import yaml
 
 from voxjet.errors import VoxjetError
+from voxjet.io.trees import branch_type, tree_names
 from voxjet.jets.shard import JetDataConfig, shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
-from voxjet.jets.trees import branch_type, tree_names
 from voxjet.jets.weaver_config import check_not_both
 from voxjet.stage.transfer import stage
 

@@ -17,7 +17,8 @@ from conftest import mni_file
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.msd import load_dataset
-from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+from voxjet.volumes.preprocess import preprocess_dataset
+from voxjet.volumes.settings import VolumePrepConfig
 
 STEP = 4  # the 1 mm template at 4 mm: ~50×59×48 voxels a case
 
@@ -108,7 +109,7 @@ def test_two_channel_dataset_trains_and_predicts_with_each_channels_normalisatio
     layer takes 2), each normalised by its own scheme, and new 2-channel cases segment onto
     their own grids."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.evaluate import load_trained
+    from voxjet.volumes.models import load_trained
 
     t1, gm, wm, aff = _mni()
     label = (gm + wm > 127).astype(np.uint8)
@@ -140,7 +141,8 @@ def test_region_based_dataset_trains_with_sigmoid_outputs_and_predicts(tmp_path)
     """Regions (nnU-Net v2): "brain" = grey + white matter, "white_matter" inside it, trained
     with one sigmoid output a region and written back in regions_class_order."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.evaluate import evaluate, load_trained
+    from voxjet.volumes.evaluate import evaluate
+    from voxjet.volumes.models import load_trained
 
     t1, gm, wm, aff = _mni()
     cases = [([img], lbl, a) for img, lbl, a in _variants(t1, _brain(gm, wm), aff, 4)]
@@ -186,7 +188,7 @@ def test_splits_final_folds_train_and_their_ensemble_predicts(tmp_path):
     """splits_final.json's folds decide each fold's training and validation cases; the cases
     no fold uses are the test set; predict averages the folds' models."""
     from voxjet.predict import choose_models, run_predict
-    from voxjet.volumes.evaluate import load_trained
+    from voxjet.volumes.models import load_trained
     from voxjet.volumes.predict import case_inputs, segment
 
     t1, gm, wm, aff = _mni(step=6)
@@ -303,7 +305,7 @@ def test_regions_that_overlap_wrongly_are_refused(tmp_path, labels, order, match
 
 
 def test_a_split_that_leaves_no_validation_or_test_case_is_refused(tmp_path):
-    from voxjet.volumes.preprocess import split_cases
+    from voxjet.volumes.splits import split_cases
 
     t1, gm, wm, aff = _mni(step=8)
     label = (gm + wm > 127).astype(np.uint8)

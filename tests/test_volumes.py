@@ -15,10 +15,13 @@ from mni_dataset import mni_brain_dataset
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
 from voxjet.volumes.geometry import plan_shape, zoom_to
-from voxjet.volumes.inference import read_case_arrays, seg_metrics
+from voxjet.volumes.metrics import seg_metrics
 from voxjet.volumes.msd import load_dataset
-from voxjet.volumes.patches import CaseStore, PatchSampler, case_sizes, read_patch
-from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+from voxjet.volumes.patches import PatchSampler, read_patch
+from voxjet.volumes.plan.plan_file import LabelSet
+from voxjet.volumes.preprocess import preprocess_dataset
+from voxjet.volumes.settings import VolumePrepConfig
+from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
 from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
 SMALL = ToyVolumesConfig(
@@ -253,7 +256,7 @@ def test_blosc2_cases_train_and_evaluate_as_the_mapped_ones(blosc2_cases, cases,
 def test_seg_metrics_dice_and_hd95():
     label = np.zeros((20, 20, 20), np.uint8)
     label[5:15, 5:15, 5:15] = 1
-    plan = {"labels": {0: "background", 1: "organ", 2: "lesion"}, "num_classes": 3}
+    plan = LabelSet({0: "background", 1: "organ", 2: "lesion"}, 3)
     m = seg_metrics(label.copy(), label, plan)
     assert m["organ"]["dice"] == 1.0 and m["organ"]["hd95"] == 0.0
     assert not m["lesion"]["present"]
@@ -261,7 +264,7 @@ def test_seg_metrics_dice_and_hd95():
     m = seg_metrics(shifted, label, plan, spacing=[2.0, 1.0, 1.0])
     assert m["organ"]["dice"] == pytest.approx(0.8) and m["organ"]["hd95"] == pytest.approx(4.0)
     # regions: overlapping masks of label values, each scored on its own
-    regions = {**plan, "regions": {"whole": [1, 2], "core": [2]}, "region_order": [1, 2]}
+    regions = LabelSet(plan.labels, 3, {"whole": [1, 2], "core": [2]}, [1, 2])
     two = label.copy()
     two[8:12, 8:12, 8:12] = 2
     m = seg_metrics(label, two, regions)
@@ -274,16 +277,16 @@ def test_preprocess_real_mni_template(tmp_path):
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"root": str(root)}))
     plan = preprocess_dataset(manifest, tmp_path / "cases", VolumePrepConfig(patch_size=[32] * 3))
-    assert plan["normalization"] == ["zscore"] and plan["target_spacing"] == [3.0, 3.0, 3.0]
+    assert plan.normalization == ["zscore"] and plan.target_spacing == [3.0, 3.0, 3.0]
     with h5py.File(tmp_path / "cases" / "mni_0.h5") as f:
         assert abs(float(f["image"][...].mean())) < 1e-3  # per-case z-score
         mapped = read_case_arrays(f)
     # a node too small to hold the decoded cases: `auto` takes the blosc2 store, says why,
     # and the case reads back as the mapped one within half a fixed-point step
-    assert plan["storage"]["store"] == "mapped"  # this machine holds a 3 mm MNI brain
+    assert plan.storage["store"] == "mapped"  # this machine holds a 3 mm MNI brain
     small = VolumePrepConfig(patch_size=[32] * 3, node_memory_gb=1e-3)
     plan = preprocess_dataset(manifest, tmp_path / "b2", small)
-    assert plan["storage"]["store"] == "blosc2" and "exceed 50%" in plan["storage"]["reason"]
+    assert plan.storage["store"] == "blosc2" and "exceed 50%" in plan.storage["reason"]
     with h5py.File(tmp_path / "b2" / "mni_0.h5") as f:
         packed = read_case_arrays(f)
         assert 0 < f.attrs["quantisation_error"] <= 2.0**-11 * 1.01
@@ -440,7 +443,7 @@ def test_two_cases_with_identical_images_are_refused_naming_both(tmp_path):
     """One case under two names (the stage's checksums show it): planning stops naming both
     cases and files; with on_duplicate: skip the later one is left out, saying why."""
     from voxjet.stage.transfer import stage
-    from voxjet.volumes.preprocess import plan_volumes
+    from voxjet.volumes.plan.planning import plan_volumes
 
     cases = [_blob_case(seed=i) for i in range(4)]
     cases.append(cases[2])
@@ -575,11 +578,12 @@ def test_mirroring_makes_the_prediction_flip_equivariant():
     model = build_unet(1, 3, [4, 8, 16], num_res_units=1)
     image = np.random.default_rng(0).normal(size=(1, 16, 16, 16)).astype(np.float32)
     dev = torch.device("cpu")
-    plain = predict_case(model, image, [16, 16, 16], dev)
-    flipped = predict_case(model, image[:, ::-1], [16, 16, 16], dev)
+    three = LabelSet({0: "background", 1: "a", 2: "b"}, 3)
+    plain = predict_case(model, image, [16, 16, 16], dev, classes=three)
+    flipped = predict_case(model, image[:, ::-1], [16, 16, 16], dev, classes=three)
     assert not np.array_equal(flipped[::-1], plain)  # a random net is not symmetric itself
-    m = predict_case(model, image, [16, 16, 16], dev, mirror=True)
-    mf = predict_case(model, image[:, ::-1], [16, 16, 16], dev, mirror=True)
+    m = predict_case(model, image, [16, 16, 16], dev, mirror=True, classes=three)
+    mf = predict_case(model, image[:, ::-1], [16, 16, 16], dev, mirror=True, classes=three)
     assert (mf[::-1] == m).mean() > 0.999
 
 

@@ -89,19 +89,23 @@ def _index_shards(a: argparse.Namespace) -> None:
 
 
 def _preprocess(a: argparse.Namespace) -> None:
-    from voxjet.volumes.preprocess import VolumePrepConfig, preprocess_dataset
+    from voxjet.volumes.preprocess import preprocess_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
 
     cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
     plan = preprocess_dataset(a.manifest, a.out, cfg)
-    print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
+    print(json.dumps({"target_spacing": plan.target_spacing, "patch_size": plan.patch_size}),
+          file=sys.stderr)  # fmt: skip
 
 
 def _plan_volumes(a: argparse.Namespace) -> None:
-    from voxjet.volumes.preprocess import VolumePrepConfig, plan_volumes
+    from voxjet.volumes.plan.planning import plan_volumes
+    from voxjet.volumes.settings import VolumePrepConfig
 
     cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
     plan = plan_volumes(a.manifest, a.out, cfg, a.on_duplicate)
-    print(json.dumps({k: plan[k] for k in ("target_spacing", "patch_size")}), file=sys.stderr)
+    print(json.dumps({"target_spacing": plan.target_spacing, "patch_size": plan.patch_size}),
+          file=sys.stderr)  # fmt: skip
 
 
 def _preprocess_case(a: argparse.Namespace) -> None:
@@ -170,7 +174,7 @@ def _evaluate_seg(a: argparse.Namespace) -> None:
 
 
 def _find_best(a: argparse.Namespace) -> None:
-    from voxjet.volumes.best import find_best
+    from voxjet.volumes.find_best import find_best
 
     configs = parse_json_arg(a.configs, "--configs")
     choice = find_best(a.cases, {n: c["validations"] for n, c in configs.items()}, a.out,
@@ -204,7 +208,8 @@ def _plan_runs(a: argparse.Namespace) -> None:
 
 
 def _aggregate(a: argparse.Namespace) -> None:
-    from voxjet.report.aggregate import RunInfo, aggregate, runs_from_config
+    from voxjet.report.aggregate import aggregate
+    from voxjet.report.runs import RunInfo, runs_from_config
 
     if a.runs:
         runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]

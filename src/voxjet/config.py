@@ -125,7 +125,7 @@ def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
     preset, gb = volumes.get("plan", "voxjet"), volumes.get("gpu_memory_gb")
     if preset == "voxjet" or gb is None:
         return
-    from voxjet.volumes.resenc import smallest_gpu_memory_gb
+    from voxjet.volumes.plan.resenc import smallest_gpu_memory_gb
 
     floor = smallest_gpu_memory_gb(preset)
     if gb < floor:

@@ -14,7 +14,7 @@ from voxjet.config import check_config, check_sources, expand_runs, prediction_r
 from voxjet.errors import VoxjetError
 from voxjet.io.ledger import ensure_entry
 from voxjet.jets.weaver_config import resolve as resolve_weaver
-from voxjet.report.aggregate import run_infos
+from voxjet.report.runs import run_infos
 from voxjet.stage.transfer import list_sources
 from voxjet.workflow_env import conda_env_file
 

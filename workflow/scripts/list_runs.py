@@ -4,7 +4,7 @@ over in a file, never on a command line: thousands of runs pass Linux's argument
 import sys
 
 from voxjet.job import job_log, ledger_marked
-from voxjet.report.aggregate import RunInfo, write_runs
+from voxjet.report.runs import RunInfo, write_runs
 
 sm = snakemake  # noqa: F821 - given to scripts by Snakemake
 with job_log(sm.log[0]), ledger_marked(list(sm.output), sm.log[0]):

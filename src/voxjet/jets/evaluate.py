@@ -18,37 +18,16 @@ from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
 from voxjet.jets.dataset import collection_keys, load_columns, load_index, share
+from voxjet.jets.figures import (
+    confusion,
+    mass_sculpting,
+    roc_in_pt_bins,
+    roc_overlay,
+    score_distributions,
+)
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
 from voxjet.jets.targets import parse_targets, regression_columns, regression_figure, target_metrics
-from voxjet.report.figures import pyplot, roc_overlay, save_figure
-
-
-def _plot_confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
-    plt = pyplot()
-    n = len(classes)
-    cm = np.zeros((n, n))
-    np.add.at(cm, (labels, probs.argmax(1)), 1)
-    cm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(1.1 * n + 2, 1.0 * n + 1.5))
-    im = ax.imshow(cm, cmap="Blues", vmin=0, vmax=1)
-    for i in range(n):
-        for j in range(n):
-            ax.text(
-                j,
-                i,
-                f"{cm[i, j]:.2f}",
-                ha="center",
-                va="center",
-                color="white" if cm[i, j] > 0.5 else "black",
-                fontsize=8,
-            )
-    ax.set_xticks(range(n), classes)
-    ax.set_yticks(range(n), classes)
-    ax.set_xlabel("predicted class")
-    ax.set_ylabel("true class")
-    fig.colorbar(im, ax=ax, label="fraction of the true class")
-    save_figure(fig, path)
 
 
 def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str) -> None:
@@ -251,16 +230,12 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
     roc_overlay(out / "roc.png", "ROC curves on the test split",
                 {"this model": (probs, labels, classes)}, background)  # fmt: skip
-    _plot_confusion(out / "confusion.png", probs, labels, classes)
-    from voxjet.report import hep_figures
-
-    hep_figures.score_distributions(out / "scores.png", probs, labels, classes, background)
+    confusion(out / "confusion.png", probs, labels, classes)
+    score_distributions(out / "scores.png", probs, labels, classes, background)
     if jet_pt is not None:
-        hep_figures.roc_in_pt_bins(out / "roc_pt_bins.png", probs, labels, classes, background,
-                                   jet_pt)  # fmt: skip
+        roc_in_pt_bins(out / "roc_pt_bins.png", probs, labels, classes, background, jet_pt)
     if jet_mass is not None:
-        hep_figures.mass_sculpting(out / "mass_sculpting.png", probs, labels, classes,
-                                   background, jet_mass)  # fmt: skip
+        mass_sculpting(out / "mass_sculpting.png", probs, labels, classes, background, jet_mass)
     write_json(out / "metrics.json", metrics)
     print(f"test accuracy {metrics['accuracy']:.4f}, macro AUC {metrics['auc_macro']:.4f}",
           file=sys.stderr)  # fmt: skip

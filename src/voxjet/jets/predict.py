@@ -23,10 +23,10 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
+from voxjet.io.trees import tree_names, tree_with
 from voxjet.jets.collections import collection_arrays, collection_inputs, parse_collections
 from voxjet.jets.features import branches_needed, compute_features, select, variables
 from voxjet.jets.tagger import Tagger, infer
-from voxjet.jets.trees import tree_names, tree_with
 
 SCORE_NOT_SCORED = -1.0
 SELECTED, FAILED_SELECTION, NOT_FINITE = 1, 0, -1

@@ -24,6 +24,7 @@ import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
+from voxjet.io.trees import branch_type, tree_names
 from voxjet.jets import reweight
 from voxjet.jets.collections import (
     collection_arrays,
@@ -46,7 +47,6 @@ from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
 from voxjet.jets.targets import check_values, expression_names, parse_targets, variable_name
-from voxjet.jets.trees import branch_type, tree_names
 from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
 

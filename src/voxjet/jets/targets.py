@@ -233,7 +233,7 @@ def regression_figure(path, pred: np.ndarray, true: np.ndarray, names: list[str]
                       metrics: dict) -> None:  # fmt: skip
     """One row a target: pred/true's distribution (with the training median's beside it),
     and response and resolution in jet-pT bins."""
-    from voxjet.report.figures import pyplot, save_figure
+    from voxjet.plotting import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(len(names), 2, figsize=(11, 4.2 * len(names)), squeeze=False)

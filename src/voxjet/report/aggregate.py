@@ -7,12 +7,18 @@ import csv
 import json
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from voxjet.io.atomic import atomic_path
+from voxjet.io.integrity import corrupt_error
+from voxjet.jets.figures import roc_overlay
+from voxjet.report import figures
+from voxjet.report.runs import RunInfo
+from voxjet.report.scaling import Point, scaling_figure, steady_rate, study_markdown, study_table
 from voxjet.training.logger import read_metrics
+from voxjet.volumes.figures import dice_boxes
+from voxjet.volumes.find_best import summary_rows
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
@@ -27,68 +33,6 @@ CSV_FIELDS = [
 ]  # fmt: skip
 COST_METRICS = ["wall_h", "device_hours", "peak_memory_gib", "memory_estimate_gib",
                 "peak_over_estimate", "utilisation", "energy_kwh", "sessions"]  # fmt: skip
-
-
-@dataclass
-class RunInfo:
-    """Where a run's outputs are and what distinguishes it within its experiment."""
-
-    dataset: str
-    domain: str
-    experiment: str
-    run: str
-    eval_metrics: str
-    train_metrics: str
-    params: dict[str, Any] = field(default_factory=dict)
-    group: str = ""  # the run's name without its repeat (`_rep-<k>`): repeats share it
-    role: str = "train"  # "scaling": a scaling study's run, timed and never evaluated
-
-    def __post_init__(self) -> None:
-        self.group = self.group or self.run
-
-
-def run_infos(runs) -> list[RunInfo]:
-    """RunInfo for each voxjet.config.Run, at the paths the workflow writes them to."""
-    out = []
-    for r in runs:
-        repeat = r.params.get("repeat", 0)
-        out.append(
-            RunInfo(
-                dataset=r.dataset,
-                domain=r.domain,
-                experiment=r.experiment,
-                run=r.run_id,
-                params={k: v for k, v in r.params.items() if k != "repeat"},
-                eval_metrics=f"{r.run_dir}/eval/metrics.json",
-                train_metrics=f"{r.run_dir}/metrics.jsonl",
-                group=r.run_id.removesuffix(f"_rep-{repeat}") if repeat else r.run_id,
-                role=r.role,
-            )
-        )
-    return out
-
-
-def write_runs(path: str | os.PathLike, runs: list[RunInfo]) -> None:
-    """The runs to aggregate as a JSON file (what `voxjet aggregate --runs @file` reads: a
-    command line holding thousands of runs would pass Linux's argument limit)."""
-    from dataclasses import asdict
-
-    from voxjet.io.atomic import write_json
-
-    write_json(Path(path), [asdict(r) for r in runs])
-
-
-def runs_from_config(
-    config_path: str | os.PathLike, schema_path: str | os.PathLike = "config/schema.yaml"
-) -> list[RunInfo]:
-    """Every run a workflow config defines (for summarising by hand after some runs failed:
-    those are then listed as missing), named as the workflow names them."""
-    import yaml
-
-    from voxjet.config import expand_runs, with_defaults
-
-    config = with_defaults(yaml.safe_load(Path(config_path).read_text()), schema_path)
-    return run_infos(expand_runs(config).values())
 
 
 def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
@@ -179,8 +123,6 @@ def cost_values(cost: dict[str, Any]) -> dict[str, tuple[float, str]]:
 def scaling_studies(runs: list[RunInfo]) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Per (domain, dataset, experiment) with a scaling study of two or more trained sizes:
     its fit and table (report.scaling.study_table)."""
-    from voxjet.report.scaling import Point, steady_rate, study_table
-
     points: dict[tuple[str, str, str], list] = {}
     for r in runs:
         if r.role != "scaling" or not Path(r.train_metrics).is_file():
@@ -209,8 +151,6 @@ def scaling_studies(runs: list[RunInfo]) -> dict[tuple[str, str, str], dict[str,
 def planner_check(runs: list[RunInfo], plan: dict[str, Any]) -> list[dict[str, Any]]:
     """Each run's predicted throughput at its own size beside the one its training measured
     (steady windows), with the relative error."""
-    from voxjet.report.scaling import steady_rate
-
     predicted = {p["run"]: next((r for r in p["predictions"] if r.get("own")), None)
                  for p in plan.get("runs", [])}  # fmt: skip
     out = []
@@ -314,8 +254,6 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                      ) -> str:  # fmt: skip
     """Per dataset, the runs ranked by the domain's headline metric (the best marked ★), what
     its data left out, and its experiments' scaling studies."""
-    from voxjet.report.scaling import study_markdown
-
     notes, studies = notes or {}, studies or {}
     out = ["# voxjet results", ""]
     datasets = sorted(
@@ -437,86 +375,94 @@ def _read_predictions(path: Path) -> tuple:
         with h5py.File(path) as f:
             return f["probs"][...], f["labels"][...], [str(c) for c in f.attrs["classes"]]
     except (OSError, KeyError, RuntimeError, ValueError) as e:
-        from voxjet.io.integrity import corrupt_error
-
         raise corrupt_error(path, "the test predictions", "evaluate_jets", e) from e
 
 
-def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
-    """Every summary figure into `fig_dir`, named <domain>-<dataset>-<kind>.png; returns names."""
-    from voxjet.report import figures
+def _jets_figures(rs: list[RunInfo], metrics: dict[str, dict], fig_dir: Path, ds: str,
+                  stem: str) -> list[str]:  # fmt: skip
+    """A jets dataset's ROC curves (runs overlaid) and rejection at 50% signal efficiency."""
+    names = []
+    preds = {}
+    for r in rs:
+        p = Path(r.eval_metrics).parent / "predictions.h5"
+        if p.is_file():
+            preds[r.run] = _read_predictions(p)
+    if preds:
+        roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
+        names.append(f"{stem}-roc.png")
+    background = next(iter(metrics.values())).get("background", "QCD")
+    per = {run: m.get(f"vs_{background}", {}) for run, m in metrics.items()}
+    rej = {run: {c: v["rej50"] for c, v in p.items() if v.get("rej50") is not None}
+           for run, p in per.items()}  # fmt: skip
+    bounds = {run: {c for c, v in p.items() if v.get("rej50_lower_bound")}
+              for run, p in per.items()}  # fmt: skip
+    if any(rej.values()):
+        figures.grouped_bars(
+            fig_dir / f"{stem}-rejection.png",
+            f"{ds}: {background} rejection at 50% signal efficiency",
+            rej,
+            "1/ε_B at ε_S = 0.5",
+            log=True,
+            lower_bounds=bounds,
+        )
+        names.append(f"{stem}-rejection.png")
+    return names
 
-    done = [r for r in runs if Path(r.eval_metrics).is_file()]
-    names: list[str] = []
-    by_ds: dict[tuple[str, str], list[RunInfo]] = {}
-    for r in done:
-        by_ds.setdefault((r.domain, r.dataset), []).append(r)
-    for (domain, ds), rs in sorted(by_ds.items()):
-        metrics = {r.run: json.loads(Path(r.eval_metrics).read_text()) for r in rs}
-        logs = {r.run: _train_log(r) for r in rs}
-        stem = f"{domain}-{ds}"
-        if domain == "jets":
-            preds = {}
-            for r in rs:
-                p = Path(r.eval_metrics).parent / "predictions.h5"
-                if p.is_file():
-                    preds[r.run] = _read_predictions(p)
-            if preds:
-                figures.roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
-                names.append(f"{stem}-roc.png")
-            background = next(iter(metrics.values())).get("background", "QCD")
-            per = {run: m.get(f"vs_{background}", {}) for run, m in metrics.items()}
-            rej = {run: {c: v["rej50"] for c, v in p.items() if v.get("rej50") is not None}
-                   for run, p in per.items()}  # fmt: skip
-            bounds = {run: {c for c, v in p.items() if v.get("rej50_lower_bound")}
-                      for run, p in per.items()}  # fmt: skip
-            if any(rej.values()):
-                figures.grouped_bars(
-                    fig_dir / f"{stem}-rejection.png",
-                    f"{ds}: {background} rejection at 50% signal efficiency",
-                    rej,
-                    "1/ε_B at ε_S = 0.5",
-                    log=True,
-                    lower_bounds=bounds,
-                )
-                names.append(f"{stem}-rejection.png")
-            val_metric = "auc_macro"
-        else:
-            per_run = {}
-            for run, m in metrics.items():
-                per_class: dict[str, list[float]] = {}
-                for case in m.get("per_case", {}).values():
-                    for c, v in case.items():
-                        if v.get("present") and v.get("dice") is not None:
-                            per_class.setdefault(c, []).append(v["dice"])
-                per_run[run] = per_class
-            if any(per_run.values()):
-                figures.dice_boxes(
-                    fig_dir / f"{stem}-dice.png", f"{ds}: Dice per class (test cases)", per_run
-                )
-                names.append(f"{stem}-dice.png")
-            val_metric = "score"
-        groups: dict[str, list[float]] = {}
-        for r in rs:
-            v = flatten_eval(metrics[r.run]).get(HEADLINE[domain][0])
-            if v is not None and not math.isnan(v):
-                groups.setdefault(r.group, []).append(v)
-        if any(len(v) > 1 for v in groups.values()):
-            figures.repeat_spread(
-                fig_dir / f"{stem}-repeats.png",
-                f"{ds}: {HEADLINE[domain][0]} over repeats (mean ± std, range)",
-                groups,
-                HEADLINE[domain][0],
-            )
-            names.append(f"{stem}-repeats.png")
-        if any(logs.values()):
-            figures.training_curves(
-                fig_dir / f"{stem}-training.png",
-                f"{ds}: training" + (" (validation: mean Dice)" if val_metric == "score" else ""),
-                logs,
-                val_metric,
-            )
-            names.append(f"{stem}-training.png")
+
+def _volumes_figures(metrics: dict[str, dict], fig_dir: Path, ds: str, stem: str) -> list[str]:
+    """A volumes dataset's Dice per case as box plots, one group a class."""
+    per_run = {}
+    for run, m in metrics.items():
+        per_class: dict[str, list[float]] = {}
+        for case in m.get("per_case", {}).values():
+            for c, v in case.items():
+                if v.get("present") and v.get("dice") is not None:
+                    per_class.setdefault(c, []).append(v["dice"])
+        per_run[run] = per_class
+    if not any(per_run.values()):
+        return []
+    dice_boxes(fig_dir / f"{stem}-dice.png", f"{ds}: Dice per class (test cases)", per_run)
+    return [f"{stem}-dice.png"]
+
+
+def _dataset_figures(domain: str, ds: str, rs: list[RunInfo], fig_dir: Path) -> list[str]:
+    """One dataset's figures: the domain's own, the spread over repeats, training curves."""
+    metrics = {r.run: json.loads(Path(r.eval_metrics).read_text()) for r in rs}
+    logs = {r.run: _train_log(r) for r in rs}
+    stem = f"{domain}-{ds}"
+    if domain == "jets":
+        names = _jets_figures(rs, metrics, fig_dir, ds, stem)
+        val_metric = "auc_macro"
+    else:
+        names = _volumes_figures(metrics, fig_dir, ds, stem)
+        val_metric = "score"
+    groups: dict[str, list[float]] = {}
+    for r in rs:
+        v = flatten_eval(metrics[r.run]).get(HEADLINE[domain][0])
+        if v is not None and not math.isnan(v):
+            groups.setdefault(r.group, []).append(v)
+    if any(len(v) > 1 for v in groups.values()):
+        figures.repeat_spread(
+            fig_dir / f"{stem}-repeats.png",
+            f"{ds}: {HEADLINE[domain][0]} over repeats (mean ± std, range)",
+            groups,
+            HEADLINE[domain][0],
+        )
+        names.append(f"{stem}-repeats.png")
+    if any(logs.values()):
+        figures.training_curves(
+            fig_dir / f"{stem}-training.png",
+            f"{ds}: training" + (" (validation: mean Dice)" if val_metric == "score" else ""),
+            logs,
+            val_metric,
+        )
+        names.append(f"{stem}-training.png")
+    return names
+
+
+def _pipeline_figures(done: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
+    """Throughput and data stall per run; time and memory per rule (Snakemake benchmarks)."""
+    names = []
     rows = []
     for r in done:
         summary = train_summary(_train_log(r))
@@ -532,6 +478,18 @@ def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) ->
         figures.pipeline_cost(fig_dir / "pipeline-all-cost.png", bench)
         names.append("pipeline-all-cost.png")
     return names
+
+
+def write_figures(runs: list[RunInfo], fig_dir: Path, benchmarks: str | None) -> list[str]:
+    """Every summary figure into `fig_dir`, named <domain>-<dataset>-<kind>.png; returns names."""
+    done = [r for r in runs if Path(r.eval_metrics).is_file()]
+    names: list[str] = []
+    by_ds: dict[tuple[str, str], list[RunInfo]] = {}
+    for r in done:
+        by_ds.setdefault((r.domain, r.dataset), []).append(r)
+    for (domain, ds), rs in sorted(by_ds.items()):
+        names += _dataset_figures(domain, ds, rs, fig_dir)
+    return names + _pipeline_figures(done, fig_dir, benchmarks)
 
 
 def aggregate(
@@ -550,16 +508,12 @@ def aggregate(
         plan).is_file() else []  # fmt: skip
     with atomic_path(out / "figures", directory=True) as tmp:
         names = write_figures(runs, tmp, benchmarks)
-        from voxjet.report.scaling import scaling_figure
-
         for (domain, ds, exp), table in studies.items():
             name = f"{domain}-{ds}-scaling-{exp}.png"
             scaling_figure(tmp / name, f"{ds}: scaling of {exp}", table)
             names.append(name)
         if check:
-            from voxjet.report.figures import predicted_vs_measured
-
-            predicted_vs_measured(tmp / "pipeline-all-planner.png", check)
+            figures.predicted_vs_measured(tmp / "pipeline-all-planner.png", check)
             names.append("pipeline-all-planner.png")
     with atomic_path(out / "metrics.csv") as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
@@ -568,8 +522,6 @@ def aggregate(
     md = summary_markdown(rows, missing, data_notes(runs), studies)
     md += planner_check_markdown(check)
     if best:
-        from voxjet.volumes.best import summary_rows
-
         md += summary_rows({Path(b).parent.parent.name: json.loads(Path(b).read_text())
                             for b in best})  # fmt: skip
     if names:

@@ -1,5 +1,7 @@
-"""The summary figures: ROC curves, rejection per class, Dice per class, training curves,
-throughput and data stall per run, and where the pipeline's time and memory went per rule.
+"""The summary's own figures (the domains draw theirs: voxjet.jets.figures,
+voxjet.volumes.figures): rejection per class, spread over repeats, training curves, throughput
+and data stall per run, where the pipeline's time and memory went per rule, and the planner
+against the runs.
 Each function takes plain data and a path, so tests can call it without a workflow."""
 
 from __future__ import annotations
@@ -13,58 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from voxjet.io.atomic import atomic_path
-from voxjet.jets.metrics import roc_curve, signal_vs_background
-
-
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend (no display on cluster nodes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
-    """Lay out, write a PNG atomically, close."""
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
-    pyplot().close(fig)
-
-
-def roc_overlay(
-    path: Path,
-    title: str,
-    runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]],
-    background: str | None = None,
-) -> None:
-    """One panel a signal class: rejection of the background class (default the first)
-    1/eps_B against signal efficiency, runs overlaid."""
-    plt = pyplot()
-    classes = next(iter(runs.values()))[2]
-    background = background or classes[0]
-    signals = [c for c in classes if c != background]
-    fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
-    for ax, sig in zip(axes[0], signals, strict=True):
-        for run, (probs, labels, cls) in runs.items():
-            score, is_signal = signal_vs_background(
-                probs, labels, cls.index(sig), cls.index(background)
-            )
-            eff_s, eff_b = roc_curve(score, is_signal)
-            ok = eff_b > 0
-            ax.plot(eff_s[ok], 1 / eff_b[ok], label=run)
-        ax.set_yscale("log")
-        ax.set_xlim(0, 1)
-        ax.set_xlabel(f"{sig} efficiency ε_S")
-        ax.set_ylabel(f"{background} rejection 1/ε_B")
-        ax.set_title(f"{sig} vs {background}")
-        ax.grid(alpha=0.3, which="both")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title)
-    save_figure(fig, path)
+from voxjet.plotting import pyplot, save_figure
 
 
 def grouped_bars(
@@ -105,33 +56,6 @@ def grouped_bars(
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y", which="both")
-    save_figure(fig, path)
-
-
-def dice_boxes(
-    path: Path, title: str, per_run: Mapping[str, Mapping[str, Sequence[float]]]
-) -> None:
-    """Dice per case as box plots: one group a class, one box a run."""
-    plt = pyplot()
-    runs = list(per_run)
-    classes = sorted({c for v in per_run.values() for c in v})
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(classes) * len(runs)), 3.8))
-    width = 0.8 / max(1, len(runs))
-    for k, run in enumerate(runs):
-        data = [list(per_run[run].get(c, [])) or [np.nan] for c in classes]
-        pos = np.arange(len(classes)) + k * width - 0.4 + width / 2
-        bp = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True, showmeans=True)
-        colour = plt.rcParams["axes.prop_cycle"].by_key()["color"][k % 10]
-        for box in bp["boxes"]:
-            box.set_facecolor(colour)
-            box.set_alpha(0.6)
-        ax.plot([], [], color=colour, lw=6, alpha=0.6, label=run)
-    ax.set_xticks(np.arange(len(classes)), classes)
-    ax.set_ylim(0, 1.02)
-    ax.set_ylabel("Dice per case")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
     save_figure(fig, path)
 
 

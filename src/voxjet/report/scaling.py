@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from voxjet.plotting import pyplot, save_figure
+
 PER = 1000  # T(n) is the time for this many samples
 
 
@@ -103,8 +105,6 @@ def study_markdown(title: str, table: dict[str, Any]) -> list[str]:
 
 def scaling_figure(path, title: str, table: dict[str, Any]) -> None:
     """T(n) measured and fitted against the ideal 1/n (log-log), and parallel efficiency."""
-    from voxjet.report.figures import pyplot, save_figure
-
     plt = pyplot()
     rows = table["rows"]
     n = np.array([r["processes"] for r in rows], float)

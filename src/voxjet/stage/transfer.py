@@ -167,7 +167,7 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
         return None
     import uproot
 
-    from voxjet.jets.trees import tree_names
+    from voxjet.io.trees import tree_names
 
     try:
         with uproot.open(path) as f:

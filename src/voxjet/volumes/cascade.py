@@ -20,6 +20,9 @@ import nibabel as nib
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.volumes.geometry import labels_to_plan
+from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.probabilities import PROBABILITIES, labels_of, load_probabilities
 
 
 def one_hot(seg: np.ndarray, num_classes: int) -> np.ndarray:
@@ -28,12 +31,10 @@ def one_hot(seg: np.ndarray, num_classes: int) -> np.ndarray:
 
 
 def cascade_input(prepared: np.ndarray, previous: np.ndarray, attrs: dict,
-                  plan: dict) -> np.ndarray:  # fmt: skip
+                  plan: Plan) -> np.ndarray:  # fmt: skip
     """A new image's network input for a cascade model: its prepared channels, then the
     previous stage's segmentation of it (on the image's original grid) in the plan's space."""
-    from voxjet.volumes.geometry import labels_to_plan
-
-    n = int(plan["num_classes"])
+    n = plan.num_classes
     return np.concatenate([prepared, one_hot(labels_to_plan(previous, attrs, n), n)])
 
 
@@ -42,15 +43,15 @@ class PreviousStage:
     lowres folds, then the lowres run's test predictions) and the plan-space one-hot channels
     made of it, kept once made."""
 
-    def __init__(self, validations: list[str], predictions: list[str], plan: dict) -> None:
+    def __init__(self, validations: list[str], predictions: list[str], plan: Plan) -> None:
         self.plan = plan
-        self.classes = list(range(1, int(plan["num_classes"])))
+        self.classes = list(range(1, plan.num_classes))
         self.sources: dict[str, Path] = {}
         for folder in predictions:
             for p in sorted(Path(folder).glob("*.nii.gz")):
                 self.sources[p.name[: -len(".nii.gz")]] = p
         for folder in validations:  # the validating fold's, over any test prediction
-            for p in sorted((Path(folder) / "probabilities").glob("*.npz")):
+            for p in sorted((Path(folder) / PROBABILITIES).glob("*.npz")):
                 self.sources[p.stem] = p
         self._seg: dict[str, np.ndarray] = {}
 
@@ -61,8 +62,6 @@ class PreviousStage:
 
     def original_labels(self, case_id: str) -> np.ndarray:
         """The previous stage's label map of a case on its original grid."""
-        from voxjet.volumes.best import labels_of, load_probabilities
-
         path = self.sources.get(case_id)
         if path is None:
             raise VoxjetError(
@@ -72,14 +71,12 @@ class PreviousStage:
                 "cascade's) and predict the test cases: rerun its validate_seg / evaluate_seg"
             )
         if path.suffix == ".npz":
-            return labels_of(load_probabilities(path), self.plan)
+            return labels_of(load_probabilities(path), self.plan.label_set)
         return np.asarray(nib.load(path).dataobj).astype(np.uint8)
 
     def segmentation(self, case_id: str, attrs) -> np.ndarray:
         """The previous stage's label map of a case in the plan's space (uint8)."""
         if case_id not in self._seg:
-            from voxjet.volumes.geometry import labels_to_plan
-
             label = self.original_labels(case_id)
             want = tuple(int(s) for s in attrs["original_shape"])
             if label.shape != want:
@@ -88,14 +85,18 @@ class PreviousStage:
                     f"shape {list(label.shape)}, the case {list(want)}; rerun the previous "
                     "experiment's validate_seg / evaluate_seg on these cases"
                 )
-            self._seg[case_id] = labels_to_plan(label, attrs, int(self.plan["num_classes"]))
+            self._seg[case_id] = labels_to_plan(label, attrs, self.plan.num_classes)
         return self._seg[case_id]
 
     def with_image(self, image: np.ndarray, case_id: str, attrs) -> np.ndarray:
         """The network's input of a whole case: the image's channels, then the previous
         stage's."""
         seg = self.segmentation(case_id, attrs)
-        return np.concatenate([image, one_hot(seg, int(self.plan["num_classes"]))])
+        return np.concatenate([image, one_hot(seg, self.plan.num_classes)])
+
+    def joined(self, image, case_id: str, attrs) -> CascadeImage:
+        """A case's stored image as the sampler reads it with this stage's channels after."""
+        return CascadeImage(image, self.segmentation(case_id, attrs), self)
 
 
 class CascadeImage:

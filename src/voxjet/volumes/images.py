@@ -5,11 +5,13 @@ reorientation, resampling and writing back are done once."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.io.atomic import atomic_path
 
 NIFTI_ENDINGS = (".nii.gz", ".nii")
 ENDINGS = (*NIFTI_ENDINGS, ".nrrd", ".nhdr", ".mha", ".mhd", ".tif", ".tiff")
@@ -76,3 +78,12 @@ def write_image(path: str | Path, data: np.ndarray, affine: np.ndarray) -> None:
     img.SetDirection([float(v) for v in (lps[:3, :3] / spacing).ravel()])
     img.SetOrigin([float(v) for v in lps[:3, 3]])
     sitk.WriteImage(img, str(path), useCompression=True)
+
+
+def save_nifti(target: str | Path, data: np.ndarray, affine: np.ndarray) -> None:
+    """`data` as a NIfTI file at `target` (named .nii.gz), whole or not at all."""
+    import nibabel as nib
+
+    with atomic_path(target) as tmp:
+        nib.save(nib.Nifti1Image(data, affine), str(tmp) + ".nii.gz")
+        os.replace(str(tmp) + ".nii.gz", tmp)

@@ -1,18 +1,18 @@
 """Whole-case prediction by sliding window (MONAI) with Gaussian weighting, optionally
 mirrored; outputs as class probabilities (softmax) or region probabilities (sigmoid, for
 region-based labels, composed into a label map in the dataset's regions_class_order, as nnU-Net
-does); and the metrics, Dice and HD95 (in mm), per class or region."""
+does)."""
 
 from __future__ import annotations
 
 import itertools
 
-import h5py
 import numpy as np
 import torch
 from monai.inferers import sliding_window_inference
-from monai.metrics import compute_dice, compute_hausdorff_distance
 from torch import nn
+
+from voxjet.volumes.plan.plan_file import LabelSet
 
 
 @torch.no_grad()
@@ -53,12 +53,12 @@ def predict_probs(
     return (probs / len(flips))[0].cpu()
 
 
-def to_labels(probs: torch.Tensor, plan: dict) -> np.ndarray:
+def to_labels(probs: torch.Tensor, classes: LabelSet) -> np.ndarray:
     """A label map [X, Y, Z] uint8: arg-max of class probabilities, or for regions each region
     above 0.5 written in regions_class_order (a later, smaller region overwrites)."""
-    if plan.get("regions"):
+    if classes.regions:
         out = torch.zeros(probs.shape[1:], dtype=torch.uint8)
-        for r, value in enumerate(plan["region_order"]):
+        for r, value in enumerate(classes.region_order):
             out[probs[r] > 0.5] = value
         return out.numpy()
     return probs.argmax(0).numpy().astype(np.uint8)
@@ -72,54 +72,11 @@ def predict_case(
     overlap: float = 0.5,
     sw_batch_size: int = 2,
     mirror: bool = False,
-    plan: dict | None = None,
+    *,
+    classes: LabelSet,
 ) -> np.ndarray:
-    """Label map [X, Y, Z] of one preprocessed image [C, X, Y, Z]."""
-    plan = plan or {}
+    """Label map [X, Y, Z] of one preprocessed image [C, X, Y, Z] (`classes`: its classes or
+    regions)."""
     probs = predict_probs(model, image, patch_size, device, overlap, sw_batch_size, mirror,
-                          sigmoid=bool(plan.get("regions")))  # fmt: skip
-    return to_labels(probs, plan)
-
-
-def targets(label: np.ndarray, plan: dict) -> dict[str, np.ndarray]:
-    """{class or region name: its mask} of a label map, the foreground ones."""
-    if plan.get("regions"):
-        return {name: np.isin(label, values) for name, values in plan["regions"].items()}
-    names = {int(k): v for k, v in plan["labels"].items()}
-    return {names[c]: label == c for c in range(1, plan["num_classes"]) if c in names}
-
-
-def seg_metrics(
-    pred: np.ndarray, label: np.ndarray, plan: dict, spacing: list[float] | None = None
-) -> dict[str, dict[str, float]]:
-    """Dice and HD95 (in mm when `spacing`, the voxel sizes along the arrays' axes, is given)
-    per foreground class or region; `present`: the reference has it (Dice of an absent class
-    is not counted, HD95 is NaN)."""
-    pm, lm = targets(pred, plan), targets(label, plan)
-    names = list(lm)
-    p = torch.from_numpy(np.stack([pm[n] for n in names]))[None].float()
-    y = torch.from_numpy(np.stack([lm[n] for n in names]))[None].float()
-    dice = compute_dice(p, y, include_background=True, ignore_empty=True)[0]
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # MONAI warns on empty masks; they give NaN, as wanted
-        hd = compute_hausdorff_distance(
-            p, y, include_background=True, percentile=95, spacing=spacing
-        )[0]
-    return {
-        n: {
-            "dice": float(dice[i]),
-            "hd95": float(hd[i]),
-            "present": bool(lm[n].any()),
-        }
-        for i, n in enumerate(names)
-    }
-
-
-def read_case_arrays(f: h5py.File) -> tuple[np.ndarray, np.ndarray]:
-    """The whole preprocessed image and label of an open case file."""
-    from voxjet.io.case_arrays import read_verified
-
-    where = f.filename
-    return read_verified(f, "image", 1, where), read_verified(f, "label", 0, where)
+                          sigmoid=bool(classes.regions))  # fmt: skip
+    return to_labels(probs, classes)

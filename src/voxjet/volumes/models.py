@@ -6,6 +6,7 @@ ResEnc presets train). All use InstanceNorm, so micro-batches do not change the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,7 +14,11 @@ import torch.nn.functional as F
 from monai.networks.nets import DynUNet, UNet
 from torch import nn
 
+from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
+
+# residual blocks a stage of nnU-Net's ResEnc presets' encoder
+BLOCKS_ENCODER = (1, 3, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6)
 
 
 def build_unet(
@@ -82,8 +87,6 @@ def build_resenc_core(in_channels: int, out_channels: int, network: dict,
             "model resenc needs MIC-DKFZ's dynamic-network-architectures: pip install "
             "'voxjet[resenc]' (or pip install dynamic-network-architectures)"
         ) from e
-    from voxjet.volumes.resenc import BLOCKS_ENCODER
-
     strides = network["strides"]
     n = len(strides)
     dims = len(strides[0])
@@ -185,3 +188,11 @@ def build_seg_model(cfg: dict[str, Any]) -> nn.Module:
         net = build_dynunet(cfg["in_channels"], cfg["out_channels"], topo["kernels"],
                             topo["strides"], **keys)  # fmt: skip
     return net if axis is None else SliceWise(net, int(axis))
+
+
+def load_trained(model_path: str | Path) -> tuple[nn.Module, dict]:
+    """Rebuild a trained segmentation model from model.pt (and return what model.pt holds)."""
+    saved = checkpoint.load_model_file(model_path, "volumes", "segmentation", "train-seg")
+    model = build_seg_model(saved["model_config"])
+    checkpoint.load_weights(model, saved["model"], model_path, "the model its config describes")
+    return model, saved

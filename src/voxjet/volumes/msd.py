@@ -80,7 +80,7 @@ class MSDDataset:
         return p
 
 
-def _case_id(rel: str) -> str:
+def case_id_of(rel: str) -> str:
     name = Path(rel).name
     ending = ending_of(name)
     return name[: -len(ending)] if ending else name
@@ -183,10 +183,10 @@ def load_dataset(root: str | os.PathLike) -> MSDDataset:
         channels = [str(meta["modality"][k]) for k in sorted(meta["modality"], key=int)]
         labels, regions, order = _labels(meta, meta_path)
         cases = [
-            Case(_case_id(t["image"]), (t["image"],), t.get("label")) for t in meta["training"]
+            Case(case_id_of(t["image"]), (t["image"],), t.get("label")) for t in meta["training"]
         ]
         tests = [
-            Case(_case_id(t if isinstance(t, str) else t["image"]),
+            Case(case_id_of(t if isinstance(t, str) else t["image"]),
                  (t if isinstance(t, str) else t["image"],), None)
             for t in meta.get("test", [])
         ]  # fmt: skip

@@ -11,19 +11,24 @@ dataset.json lists `test` images. Channels of one case are files `<case>_0000.ni
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import atomic_path
-from voxjet.volumes.images import ENDINGS
+from voxjet.volumes.cascade import cascade_input
+from voxjet.volumes.cases import read_channel_files
+from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing, to_ras
+from voxjet.volumes.images import ENDINGS, save_nifti
+from voxjet.volumes.inference import predict_probs, to_labels
+from voxjet.volumes.models import load_trained
+from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.postprocessing import apply_postprocessing
+from voxjet.volumes.preprocess import to_plan_space
 
 NIFTI = ENDINGS  # every image format read (NIfTI, NRRD, MHA, …)
 CHANNEL = re.compile(r"^(?P<case>.+)_(?P<ch>\d{4})$")
@@ -98,24 +103,8 @@ def case_inputs(inputs: list[str]) -> list[InputCase]:
 def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
     """The case's image [C, X, Y, Z] in RAS, and its original affine (all channels on one
     grid)."""
-    from voxjet.volumes.geometry import refuse_shear, to_ras
-    from voxjet.volumes.images import read_image
-
-    arrays, affine, shape = [], None, None
-    for f in case.files:
-        data, aff = read_image(f)
-        if data.ndim not in (3, 4):
-            raise VoxjetError(f"{f}: an image of shape {data.shape}; expected 3-D or 4-D")
-        refuse_shear(aff, f, case.case_id)
-        if affine is None:
-            affine, shape = aff, data.shape[:3]
-        elif data.shape[:3] != shape or not np.allclose(aff, affine, atol=1e-3):
-            raise VoxjetError(f"{f}: another grid than {case.files[0]} (shape or affine differs)")
-        if not np.isfinite(data).all():
-            raise VoxjetError(f"{f}: NaN/inf voxels; fix the image")
-        arrays.append(data if data.ndim == 4 else data[..., None])
-    image = np.concatenate(arrays, axis=-1)
-    return np.moveaxis(to_ras(image, affine), -1, 0), affine
+    image, affine = read_channel_files(list(case.files), case.case_id)
+    return np.moveaxis(to_ras(np.moveaxis(image, 0, -1), affine), -1, 0), affine
 
 
 def segment(models: list, case: InputCase, cfg: dict, device: torch.device, overlap: float,
@@ -125,37 +114,31 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
     class or region probabilities there, channels last, else None); several models' outputs
     are averaged (the folds of a cross-validation). A cascade's models are fed `previous`, the
     3d_lowres stage's label map of the case on its original grid."""
-    from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing
-    from voxjet.volumes.inference import predict_probs, to_labels
-    from voxjet.volumes.preprocess import to_plan_space
-
     image, affine = load_channels(case)
-    cascade = cfg["plan"].get("configuration") == "3d_cascade_fullres"
-    want = int(cfg["in_channels"]) - (int(cfg["plan"]["num_classes"]) - 1 if cascade else 0)
+    plan, fp = Plan.from_dict(cfg["plan"]), cfg["fingerprint"]
+    cascade = plan.configuration == "3d_cascade_fullres"
+    want = int(cfg["in_channels"]) - (plan.num_classes - 1 if cascade else 0)
     if image.shape[0] != want:
         raise VoxjetError(
             f"{case.files[0]}: case {case.case_id!r} has {image.shape[0]} channel(s), the model "
             f"was trained on {want}; give its channels as {case.case_id}_0000 … _{want - 1:04d}"
         )
-    plan, fp = cfg["plan"], cfg["fingerprint"]
     prepared, box, shape = to_plan_space(image, ras_spacing(affine), plan, fp)
     if cascade:
-        from voxjet.volumes.cascade import cascade_input
-
         where = {"crop_box": box, "original_affine": affine, "shape": shape}
         prepared = cascade_input(prepared, previous, where, plan)
     probs = None
     for model in models:
-        p = predict_probs(model, prepared, plan["patch_size"], device, overlap, mirror=mirror,
-                          sigmoid=bool(plan.get("regions")))  # fmt: skip
+        p = predict_probs(model, prepared, plan.patch_size, device, overlap, mirror=mirror,
+                          sigmoid=bool(plan.regions))  # fmt: skip
         probs = p if probs is None else probs + p
     probs = probs / len(models)
-    pred = to_labels(probs, plan)
+    pred = to_labels(probs, plan.label_set)
     attrs = {"crop_box": box, "ras_shape": image.shape[1:], "original_affine": affine}
     soft = None
     if probabilities:
-        soft = probs_to_original(probs.numpy(), attrs, 0.0 if plan.get("regions") else 1.0)
-    return labels_to_original(pred, attrs, plan["num_classes"]), affine, soft
+        soft = probs_to_original(probs.numpy(), attrs, 0.0 if plan.regions else 1.0)
+    return labels_to_original(pred, attrs, plan.num_classes), affine, soft
 
 
 def segment_ensemble(
@@ -171,27 +154,24 @@ def segment_ensemble(
     3d_fullres): each configuration's models averaged in its own plan space, then the
     configurations' probabilities averaged on the case's original grid (as find-best scored
     the ensemble), the label map their arg-max there."""
-    from voxjet.volumes.inference import to_labels
-
     soft = None
     for cfg, models in groups:
         _, affine, p = segment(models, case, cfg, device, overlap, mirror, True, previous)
         soft = p if soft is None else soft + p
     soft = soft / len(groups)
-    plan = groups[0][0]["plan"]
-    labels = to_labels(torch.from_numpy(np.moveaxis(soft, -1, 0)), plan)
+    plan = Plan.from_dict(groups[0][0]["plan"])
+    labels = to_labels(torch.from_numpy(np.moveaxis(soft, -1, 0)), plan.label_set)
     return labels, affine, soft if probabilities else None
 
 
 def _lowres_stage(paths: list[str], rt) -> tuple[dict, list]:
     """A cascade's previous stage: the 3d_lowres fold models (one plan), averaged."""
-    from voxjet.volumes.evaluate import load_trained
-
     cfg, models = None, []
     for path in paths:
         model, saved = load_trained(path)
         mc = saved["model_config"]
-        if mc.get("plan", {}).get("configuration") != "3d_lowres":
+        plan = Plan.of_model(mc, path)
+        if plan is None or plan.configuration != "3d_lowres":
             raise VoxjetError(f"{path}: --previous-model takes the 3d_lowres stage's models; "
                               "this one is not one")  # fmt: skip
         cfg = cfg or mc
@@ -199,10 +179,36 @@ def _lowres_stage(paths: list[str], rt) -> tuple[dict, list]:
     return cfg, models
 
 
-def _save(target: Path, data: np.ndarray, affine: np.ndarray) -> None:
-    with atomic_path(target) as tmp:
-        nib.save(nib.Nifti1Image(data, affine), str(tmp) + ".nii.gz")
-        os.replace(str(tmp) + ".nii.gz", tmp)
+def _model_groups(model_paths: list[str], rt, cascade_given: bool) -> dict[str, tuple]:
+    """The models by the plan they predict in (a configuration's folds share one): each
+    model's config and the models, on the device; models of another dataset refused."""
+    groups: dict[str, tuple[dict, list]] = {}
+    first = None
+    for path in model_paths:
+        model, saved = load_trained(path)
+        mc = saved["model_config"]
+        plan = Plan.of_model(mc, path)
+        if plan is None:
+            raise VoxjetError(
+                f"{path}: this model does not record the plan it was trained with (an older "
+                "voxjet); retrain it to predict on new images"
+            )
+        if plan.configuration == "3d_cascade_fullres" and not cascade_given:
+            raise VoxjetError(
+                f"{path}: a 3d_cascade_fullres model is fed its 3d_lowres stage's segmentation "
+                "of each image; give that experiment's fold models (predict --previous-model; "
+                "the workflow does)"
+            )
+        first = first or (plan, mc["fingerprint"])
+        same = ("labels", "regions", "channels", "num_classes")
+        if any(getattr(plan, k) != getattr(first[0], k) for k in same) or (
+            mc["fingerprint"] != first[1]
+        ):
+            raise VoxjetError(f"{path}: a model of another dataset than {model_paths[0]}; "
+                              "models averaged must share their dataset")  # fmt: skip
+        key = json.dumps(mc["plan"], sort_keys=True)
+        groups.setdefault(key, (mc, []))[1].append(model.to(rt.device).eval())
+    return groups
 
 
 def run_volume_predict(
@@ -213,35 +219,11 @@ def run_volume_predict(
     """Segment this process's share of the cases into `<out>/<case>.nii.gz` (several models:
     their probabilities averaged); with `probabilities` also `<case>_probabilities.nii.gz`,
     4-D, one channel a class (softmax) or region (sigmoid), on the same grid."""
-    from voxjet.volumes.evaluate import load_trained
-
-    groups: dict[str, tuple[dict, list]] = {}  # models by the plan they predict in
-    cfg = None
-    for path in model_paths:
-        model, saved = load_trained(path)
-        mc = saved["model_config"]
-        if "plan" not in mc:
-            raise VoxjetError(
-                f"{path}: this model does not record the plan it was trained with (an older "
-                "voxjet); retrain it to predict on new images"
-            )
-        if mc["plan"].get("configuration") == "3d_cascade_fullres" and not previous_models:
-            raise VoxjetError(
-                f"{path}: a 3d_cascade_fullres model is fed its 3d_lowres stage's segmentation "
-                "of each image; give that experiment's fold models (predict --previous-model; "
-                "the workflow does)"
-            )
-        cfg = cfg or mc
-        same = ("labels", "regions", "channels", "num_classes")
-        if any(mc["plan"].get(k) != cfg["plan"].get(k) for k in same) or (
-            mc["fingerprint"] != cfg["fingerprint"]
-        ):
-            raise VoxjetError(f"{path}: a model of another dataset than {model_paths[0]}; "
-                              "models averaged must share their dataset")  # fmt: skip
-        key = json.dumps(mc["plan"], sort_keys=True)
-        groups.setdefault(key, (mc, []))[1].append(model.to(rt.device).eval())
-    cascades = any(mc["plan"].get("configuration") == "3d_cascade_fullres"
-                   for mc, _ in groups.values())  # fmt: skip
+    groups = _model_groups(model_paths, rt, bool(previous_models))
+    configs = [mc for mc, _ in groups.values()]
+    plan = Plan.from_dict(configs[0]["plan"])
+    cascades = any(Plan.from_dict(mc["plan"]).configuration == "3d_cascade_fullres"
+                   for mc in configs)  # fmt: skip
     low = _lowres_stage(previous_models, rt) if cascades else None
     cases = case_inputs(inputs)
     written = []
@@ -249,19 +231,19 @@ def run_volume_predict(
         # nnU-Net's cascade: the lowres stage's ensemble first, its segmentation fed on
         previous = segment(low[1], case, low[0], rt.device, overlap, mirror)[0] if low else None
         if len(groups) == 1:
-            seg, affine, soft = segment(groups[key][1], case, cfg, rt.device, overlap, mirror,
+            mc, models = next(iter(groups.values()))
+            seg, affine, soft = segment(models, case, mc, rt.device, overlap, mirror,
                                         probabilities, previous)  # fmt: skip
         else:
             seg, affine, soft = segment_ensemble(list(groups.values()), case, rt.device, overlap,
                                                  mirror, probabilities, previous)  # fmt: skip
         if postprocessing:  # the best configuration's (find-best), as validated
-            from voxjet.volumes.best import apply_postprocessing
-
-            seg = apply_postprocessing(seg, postprocessing, cfg["plan"])
+            seg = apply_postprocessing(seg, postprocessing, plan.label_set)
         if soft is not None:  # before the label map: a case is done once its label map is
-            _save(out / f"{case.case_id}_probabilities.nii.gz", soft.astype(np.float32), affine)
+            save_nifti(out / f"{case.case_id}_probabilities.nii.gz", soft.astype(np.float32),
+                       affine)  # fmt: skip
         target = out / f"{case.case_id}.nii.gz"
-        _save(target, seg.astype(np.uint8), affine)
+        save_nifti(target, seg.astype(np.uint8), affine)
         written.append(target)
     print(f"predict: {len(written)} of {len(cases)} cases on rank {rt.rank}", file=sys.stderr)
     return written

@@ -17,38 +17,31 @@ import torch.distributed as dist
 from monai.losses import DiceCELoss
 from torch import nn
 
+from voxjet.distributed.gpus import job_device
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.errors import VoxjetError
+from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import TrainSettings, train
-from voxjet.volumes.configurations import effective_plan
-from voxjet.volumes.inference import predict_case, read_case_arrays, seg_metrics
+from voxjet.volumes.augment import augment_batch, params_of
+from voxjet.volumes.cascade import PreviousStage
+from voxjet.volumes.inference import predict_case
+from voxjet.volumes.metrics import class_means, mean_of, seg_metrics
 from voxjet.volumes.models import build_seg_model
-from voxjet.volumes.patches import CaseStore, PatchBatches, PatchSampler, case_sizes
+from voxjet.volumes.patches import PatchBatches, PatchSampler
+from voxjet.volumes.plan.memory import estimate_bytes
+from voxjet.volumes.plan.plan_file import Plan, read_configured
+from voxjet.volumes.plan.sizing import check_model_against_plan
+from voxjet.volumes.splits import fold_splits
+from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
+from voxjet.volumes.unet_stages import split_network
 
 
-def fold_splits(splits: dict, fold: int | None, n_folds: int | None, seed: int,
-                where: str) -> tuple[list, list]:  # fmt: skip
-    """(train, val) case ids of a run: the dataset's split, or fold `fold` of `n_folds`
-    (splits_final.json's folds when the dataset has that many, else seeded folds of the
-    training and validation cases)."""
-    if fold is None:
-        return splits["train"], splits["val"]
-    from voxjet.volumes.preprocess import kfold
-
-    folds = splits.get("folds")
-    if not folds or (n_folds and len(folds) != n_folds):
-        folds = kfold(splits["train"] + splits["val"], n_folds or 5, seed)
-    if fold >= len(folds):
-        raise VoxjetError(f"{where}: train.fold={fold}, but there are {len(folds)} folds")
-    return folds[fold]["train"], folds[fold]["val"]
-
-
-def region_targets(label: torch.Tensor, plan: dict) -> torch.Tensor:
+def region_targets(label: torch.Tensor, plan: Plan) -> torch.Tensor:
     """[B, R, ...] float masks of the regions from [B, 1, ...] labels (on their device)."""
     masks = [torch.isin(label[:, 0], torch.tensor(v, device=label.device)) for v in
-             plan["regions"].values()]  # fmt: skip
+             plan.regions.values()]  # fmt: skip
     return torch.stack(masks, 1).float()
 
 
@@ -66,12 +59,10 @@ class SegTask:
     ) -> None:
         self.dir = str(cases_dir)  # a folder or an fsspec URL
         r = read or ReadOptions()
-        self.plan = effective_plan(read_json_at(self.dir, "plan.json", r), configuration,
-                                   f"{self.dir}/plan.json")  # fmt: skip
+        self.plan = read_configured(self.dir, configuration, r)
         self.fingerprint = read_json_at(self.dir, "fingerprint.json", r)
         self.splits = read_json_at(self.dir, "splits.json", r)
-        seed = self.plan.get("config", {}).get("seed", 42)
-        train_ids, val_ids = fold_splits(self.splits, s.fold, s.folds, seed,
+        train_ids, val_ids = fold_splits(self.splits, s.fold, s.folds, self.plan.seed,
                                          f"{self.dir}/splits.json")  # fmt: skip
         if not val_ids:
             raise VoxjetError(
@@ -86,35 +77,36 @@ class SegTask:
         self.val_store = CaseStore(self.dir, val_ids, **remote, previous=self.previous)
         self.sampler = PatchSampler(
             self.train_store,
-            self.plan["patch_size"],
+            self.plan.patch_size,
             s.batch_size,
             s.foreground_fraction,
             s.seed,
             augment=s.augment,
-            spacing=self.plan["target_spacing"],
+            spacing=self.plan.target_spacing,
             augment_on=s.augment_on,
-            slice_axis=self.plan.get("slice_axis"),
+            slice_axis=self.plan.slice_axis,
         )
         self.s = s
         self.iterations = s.iterations_per_epoch
-        self.data = {"plan": self.plan, "train": sorted(train_ids), "val": sorted(val_ids)}
+        self.data = {"plan": self.plan.to_dict(), "train": sorted(train_ids),
+                     "val": sorted(val_ids)}  # fmt: skip
         channels = self.train_store.volumes(self.train_store.case_ids[0])[0].shape[0]
-        self.regions = bool(self.plan.get("regions"))
+        self.regions = bool(self.plan.regions)
         self.model_cfg = {
             "name": "unet",
             **model_cfg,
             "in_channels": int(channels),
-            "out_channels": int(self.plan.get("num_outputs", self.plan["num_classes"])),
+            "out_channels": self.plan.outputs,
         }
-        if "slice_axis" in self.plan:  # a 2d configuration: the 2D network slice by slice
-            self.model_cfg["slice_axis"] = int(self.plan["slice_axis"])
+        if self.plan.slice_axis is not None:  # a 2d configuration: the 2D network by slices
+            self.model_cfg["slice_axis"] = int(self.plan.slice_axis)
             if s.pipeline_stages > 1:
                 raise VoxjetError(
                     f"configuration {configuration} and train.pipeline_stages > 1: a 2D "
                     "network is not cut into pipeline stages; set train.pipeline_stages: 1"
                 )
         if self.model_cfg["name"] == "resenc":
-            self.model_cfg["network"] = self.plan["network"]
+            self.model_cfg["network"] = self.plan.network
             if s.pipeline_stages > 1:
                 raise VoxjetError(
                     "model resenc and train.pipeline_stages > 1: the residual-encoder U-Net is "
@@ -122,16 +114,14 @@ class SegTask:
                     "a ResEnc plan whose batch fits one GPU (train.pipeline_stages: 1)"
                 )
         if self.model_cfg["name"] == "dynunet":
-            self.model_cfg["network"] = self.plan["network"]
+            self.model_cfg["network"] = self.plan.network
             filters = self.model_cfg.get("filters")
-            if filters is not None and len(filters) != len(self.plan["network"]["strides"]):
+            if filters is not None and len(filters) != len(self.plan.network["strides"]):
                 raise VoxjetError(
                     f"model.filters has {len(filters)} widths, but the plan's network has "
-                    f"{len(self.plan['network']['strides'])} levels; give that many, or null "
+                    f"{len(self.plan.network['strides'])} levels; give that many, or null "
                     "for the plan's"
                 )
-        from voxjet.volumes.planning import check_model_against_plan
-
         check_model_against_plan(self.model_cfg, self.plan, f"{self.dir}/plan.json")
         self.deep_supervision = bool(self.model_cfg.get("deep_supervision"))
         if self.deep_supervision and s.pipeline_stages > 1:
@@ -144,7 +134,7 @@ class SegTask:
 
     def _previous_stage(self, previous: dict[str, list[str]] | None):
         """The cascade's low-resolution segmentations (None for other configurations)."""
-        if self.plan.get("configuration") != "3d_cascade_fullres":
+        if self.plan.configuration != "3d_cascade_fullres":
             return None
         if not previous or not previous.get("validations"):
             raise VoxjetError(
@@ -152,8 +142,6 @@ class SegTask:
                 "through the workflow (experiment `previous:` names the 3d_lowres experiment), "
                 "or give train-seg --previous-validations (its folds' validation folders)"
             )
-        from voxjet.volumes.cascade import PreviousStage
-
         return PreviousStage(previous["validations"], previous.get("predictions", []), self.plan)
 
     def build_model(self) -> nn.Module:
@@ -163,10 +151,8 @@ class SegTask:
         return self.data
 
     def memory_estimate(self, model: nn.Module, gpu: bool) -> float | None:
-        from voxjet.volumes.planning import estimate_bytes
-
         # the planner's estimate for the network trained (not the one it sized the patch for)
-        return estimate_bytes(model, self.model_cfg["in_channels"], self.plan["patch_size"],
+        return estimate_bytes(model, self.model_cfg["in_channels"], self.plan.patch_size,
                               self.s.batch_size, gpu=gpu)  # fmt: skip
 
     def model_config(self) -> dict[str, Any]:
@@ -174,11 +160,11 @@ class SegTask:
         # images exactly as the training cases were
         return {
             **self.model_cfg,
-            "patch_size": self.plan["patch_size"],
+            "patch_size": self.plan.patch_size,
             "domain": "volumes",
             # which cases trained and picked it (a fold's, for a cross-validation)
             "cases": {"train": self.data["train"], "val": self.data["val"]},
-            "plan": self.plan,
+            "plan": self.plan.to_dict(),
             "fingerprint": self.fingerprint,
         }
 
@@ -187,8 +173,6 @@ class SegTask:
             for i in range(start, self.iterations):
                 yield self.sampler.batch(rt.rank, epoch, i)
             return
-        from voxjet.io.handover import ReturningLoader
-
         # workers make the patches (reading, augmenting) side by side, in the same order
         batches = PatchBatches(self.sampler, rt.rank, epoch, start, self.iterations)
         yield from ReturningLoader(batches, self.s.loader_workers, slots=self.s.prefetch + 4)
@@ -201,8 +185,6 @@ class SegTask:
         """The batch augmented on the device (`train.augment_on: device`), in place."""
         if "aug_spatial" not in batch:
             return batch
-        from voxjet.volumes.augment import augment_batch, params_of
-
         b = {k: (v.to(device) if k in self.device_keys else v) for k, v in batch.items()}
         augment_batch(b["image"], b["label"], params_of(b), (b["big_image"], b["big_label"]))
         return b
@@ -232,9 +214,7 @@ class SegTask:
     def pipeline_stages(self, model: nn.Module, k: int):
         """The network cut into k stages balanced for the plan's patch, and the loss the last
         stage applies to each micro-batch."""
-        from voxjet.volumes.unet_stages import split_network
-
-        stages = split_network(model, k, self.model_cfg["in_channels"], self.plan["patch_size"])
+        stages = split_network(model, k, self.model_cfg["in_channels"], self.plan.patch_size)
         return stages, self._loss
 
     def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,22 +231,21 @@ class SegTask:
             image, label = read_case_arrays(f)
             if self.previous is not None:
                 image = self.previous.with_image(image, cid, f.attrs)
-            pred = predict_case(model, image, self.plan["patch_size"], device, plan=self.plan)
+            pred = predict_case(model, image, self.plan.patch_size, device,
+                                classes=self.plan.label_set)  # fmt: skip
             mine[cid] = {
-                c: m["dice"] for c, m in seg_metrics(pred, label, self.plan).items() if m["present"]
+                c: m["dice"]
+                for c, m in seg_metrics(pred, label, self.plan.label_set).items()
+                if m["present"]
             }
         parts = [mine]
         if rt.distributed:
             parts = [None] * rt.world_size
             dist.all_gather_object(parts, mine)
         cases = {cid: d for part in parts for cid, d in part.items()}
-        names = sorted({c for d in cases.values() for c in d})
-        per = {
-            f"dice_{c}": float(np.mean([cases[k][c] for k in sorted(cases) if c in cases[k]]))
-            for c in names
-        }
-        vals = [v for v in per.values() if np.isfinite(v)]
-        return {"score": float(np.mean(vals)) if vals else 0.0, **per}
+        per = {f"dice_{c}": v for c, v in class_means(dict(sorted(cases.items()))).items()}
+        score = mean_of(per)
+        return {"score": score if np.isfinite(score) else 0.0, **per}
 
 
 def run(
@@ -301,15 +280,11 @@ def make_task(
     s = TrainSettings(**run_config.get("train", {}))
     configuration = run_config.get("configuration", "3d_fullres")
     if s.augment_on is None:  # a GPU augments its batches; a CPU's loader does
-        from voxjet.distributed.gpus import job_device
-
         s.augment_on = "device" if job_device() == "cuda" else "loader"
         if configuration == "3d_cascade_fullres":  # its previous stage moves with the label
             s.augment_on = "loader"
     if s.batch_size is None:  # the plan's, from the GPU memory budget
-        plan = effective_plan(read_json_at(cases_dir, "plan.json", opts), configuration,
-                              f"{cases_dir}/plan.json")  # fmt: skip
-        s.batch_size = int(plan["batch_size"])
+        s.batch_size = read_configured(cases_dir, configuration, opts).batch_size
     task = SegTask(cases_dir, dict(run_config.get("model", {})), s, read=opts,
                    configuration=configuration, previous=previous)  # fmt: skip
     task.experiment = run_config.get("experiment", "")

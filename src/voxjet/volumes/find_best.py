@@ -2,91 +2,26 @@
 chooses it: from the cross-validation folds' validation predictions of every configuration (an
 experiment, or a point of its sweep, trained with `folds:`), the single configuration or pair of
 configurations (their probabilities averaged) with the highest mean Dice over the validation
-cases; then the post-processing nnU-Net tries on it — keep only the largest connected component
-of the foreground (all classes as one), then of each class — kept only where it raised that
-Dice. Everything is scored on each case's original grid against the label as given.
+cases; then the post-processing nnU-Net tries on it (voxjet.volumes.postprocessing). Everything
+is scored on each case's original grid against the label as given.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from scipy import ndimage
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
-from voxjet.volumes.inference import targets, to_labels
-
-PROBABILITIES = "probabilities"  # the folder of a validation's per-case probability files
-
-
-def save_probabilities(folder: Path, case_id: str, probs: np.ndarray) -> None:
-    """A case's probabilities on its original grid, channels last ([X, Y, Z, C], float16)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / f"{case_id}.npz") as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, probabilities=probs.astype(np.float16))
-
-
-def load_probabilities(path: Path) -> np.ndarray:
-    """[X, Y, Z, C] float32 from a validation's probability file."""
-    try:
-        with np.load(path) as z:
-            return z["probabilities"].astype(np.float32)
-    except (OSError, KeyError, ValueError) as e:
-        raise VoxjetError(
-            f"{path}: not a readable probability file ({e}); rerun the run's validate_seg job"
-        ) from e
-
-
-def labels_of(probs: np.ndarray, plan: dict) -> np.ndarray:
-    """The label map of channels-last probabilities (arg-max, or regions in their order)."""
-    return to_labels(torch.from_numpy(np.moveaxis(probs, -1, 0)), plan)
-
-
-def keep_largest(labels: np.ndarray, values: list[int]) -> np.ndarray:
-    """The label map with voxels of `values` (taken together) outside their largest connected
-    component (26-connected) set to background."""
-    mask = np.isin(labels, values)
-    comps, n = ndimage.label(mask, ndimage.generate_binary_structure(labels.ndim, labels.ndim))
-    if n <= 1:
-        return labels
-    sizes = np.bincount(comps.ravel())
-    sizes[0] = 0
-    out = labels.copy()
-    out[mask & (comps != int(np.argmax(sizes)))] = 0
-    return out
-
-
-@dataclass
-class Scores:
-    """Mean Dice a class over the cases where the class is present, and their mean."""
-
-    per_class: dict[str, float]
-    mean: float
-    per_case: dict[str, dict[str, float]] = field(default_factory=dict)
-
-
-def dice(pred: np.ndarray, ref: np.ndarray, plan: dict) -> dict[str, float]:
-    """Dice a class (or region) present in the reference, as evaluation counts it."""
-    pm, rm = targets(pred, plan), targets(ref, plan)
-    return {c: float(2 * (pm[c] & r).sum() / (pm[c].sum() + r.sum()))
-            for c, r in rm.items() if r.any()}  # fmt: skip
-
-
-def score(maps: dict[str, np.ndarray], refs: dict[str, np.ndarray], plan: dict) -> Scores:
-    """Dice of label maps against the reference label maps: a class's mean over the cases
-    that have it, and the mean over classes."""
-    per_case = {cid: dice(pred, refs[cid], plan) for cid, pred in maps.items()}
-    names = sorted({c for d in per_case.values() for c in d})
-    per_class = {c: float(np.mean([d[c] for d in per_case.values() if c in d])) for c in names}
-    finite = [v for v in per_class.values() if np.isfinite(v)]
-    return Scores(per_class, float(np.mean(finite)) if finite else float("nan"), per_case)
+from voxjet.io.remote import ReadOptions
+from voxjet.volumes.metrics import score
+from voxjet.volumes.plan.plan_file import LabelSet, read_plan
+from voxjet.volumes.postprocessing import choose_postprocessing
+from voxjet.volumes.probabilities import PROBABILITIES, labels_of, load_probabilities
+from voxjet.volumes.store import CaseStore, case_sizes
 
 
 def case_files(folders: list[Path], config: str) -> dict[str, Path]:
@@ -110,7 +45,7 @@ def case_files(folders: list[Path], config: str) -> dict[str, Path]:
 def choose(
     files: dict[str, dict[str, Path]],
     refs: dict[str, np.ndarray],
-    plan: dict,
+    classes: LabelSet,
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Every single configuration and pair scored (pairs: probabilities averaged), the best
@@ -133,14 +68,14 @@ def choose(
     for cid in cases:
         probs = {n: load_probabilities(files[n][cid]) for n in names}
         for cand in candidates:
-            maps[cand][cid] = labels_of(sum(probs[n] for n in cand) / len(cand), plan)
+            maps[cand][cid] = labels_of(sum(probs[n] for n in cand) / len(cand), classes)
     scored = []
     for cand in candidates:
-        s = score(maps[cand], refs, plan)
+        s = score(maps[cand], refs, classes)
         progress(f"{' + '.join(cand)}: mean Dice {s.mean:.4f}")
         scored.append((cand, s, maps[cand]))
     best_cand, best, maps = min(scored, key=lambda t: (-t[1].mean, len(t[0]), t[0]))
-    post = postprocessing(maps, refs, plan, best)
+    post = choose_postprocessing(maps, refs, classes, best)
     return {
         "configurations": list(best_cand),
         "ensemble": len(best_cand) > 1,
@@ -153,56 +88,6 @@ def choose(
         ],  # fmt: skip
         "postprocessing": post,
     }
-
-
-def class_values(plan: dict) -> dict[str, list[int]]:
-    """The label values a reported class (or region) covers in a label map."""
-    if plan.get("regions"):
-        order = plan["region_order"]
-        return {
-            name: [v for v in order if v in set(vals)] for name, vals in plan["regions"].items()
-        }
-    return {name: [int(v)] for v, name in plan["labels"].items() if int(v) > 0}
-
-
-def apply_postprocessing(labels: np.ndarray, post: dict, plan: dict) -> np.ndarray:
-    """A label map with the chosen post-processing applied."""
-    values = class_values(plan)
-    if post.get("foreground_largest_component"):
-        labels = keep_largest(labels, sorted({v for vs in values.values() for v in vs}))
-    for name in post.get("largest_component_classes", []):
-        labels = keep_largest(labels, values[name])
-    return labels
-
-
-def postprocessing(maps: dict[str, np.ndarray], refs: dict[str, np.ndarray], plan: dict,
-                   base: Scores) -> dict:  # fmt: skip
-    """nnU-Net's two steps, each kept only where it raises Dice: the foreground's largest
-    component (the mean over classes), then each class's own (that class's Dice)."""
-    values = class_values(plan)
-    fg = sorted({v for vs in values.values() for v in vs})
-    trial = {cid: keep_largest(m, fg) for cid, m in maps.items()}
-    s = score(trial, refs, plan)
-    use_fg = s.mean > base.mean
-    steps = [{"step": "foreground largest component", "dice_mean_before": base.mean,
-              "dice_mean_after": s.mean, "kept": use_fg}]  # fmt: skip
-    if use_fg:
-        maps, base = trial, s
-    kept = []
-    for name, vals in values.items():
-        if name not in base.per_class:
-            continue
-        trial = {cid: keep_largest(m, vals) for cid, m in maps.items()}
-        s = score(trial, refs, plan)
-        raised = s.per_class[name] > base.per_class[name]
-        steps.append({"step": f"{name} largest component", "dice_before": base.per_class[name],
-                      "dice_after": s.per_class[name], "kept": raised})  # fmt: skip
-        if raised:
-            maps, base = trial, s
-            kept.append(name)
-    return {"foreground_largest_component": use_fg, "largest_component_classes": kept,
-            "dice_mean_after": base.mean, "per_class_after": base.per_class,
-            "steps": steps}  # fmt: skip
 
 
 def summary_markdown(choice: dict) -> str:
@@ -260,11 +145,8 @@ def find_best(cases_dir: str, configs: dict[str, list[str]], out_dir: str,
               models: dict[str, list[str]] | None = None) -> dict:  # fmt: skip
     """Read the references and every configuration's fold validations, choose, and write
     `choice.json` and `summary.md` into `out_dir`."""
-    from voxjet.io.remote import ReadOptions, read_json_at
-    from voxjet.volumes.patches import CaseStore, case_sizes
-
     opts = ReadOptions.from_config({})
-    plan = read_json_at(cases_dir, "plan.json", opts)
+    plan = read_plan(cases_dir, opts)
     files = {
         name: case_files([Path(f) for f in folders], name) for name, folders in configs.items()
     }
@@ -277,7 +159,7 @@ def find_best(cases_dir: str, configs: dict[str, list[str]], out_dir: str,
             refs[cid] = f["original_label"][...]
     finally:
         store.close()
-    choice = choose(files, refs, plan, progress=print)
+    choice = choose(files, refs, plan.label_set, progress=print)
     if models:
         choice["models"] = {n: models[n] for n in choice["configurations"]}
     out = Path(out_dir)

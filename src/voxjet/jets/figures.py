@@ -1,16 +1,78 @@
-"""Jet-tagging figures in the field's style (mplhep): the discriminant's distribution for signal
+"""Jet-tagging figures: ROC curves (rejection against signal efficiency, runs overlaid), the
+confusion matrix, and in the field's style (mplhep) the discriminant's distribution for signal
 and background, the ROC curve in bins of jet pT, and the soft-drop mass of the background jets
 a tagger keeps at fixed signal efficiency against all of them (mass sculpting)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from voxjet.jets.metrics import roc_curve, signal_vs_background
-from voxjet.report.figures import pyplot, save_figure
+from voxjet.plotting import pyplot, save_figure
+
+
+def roc_overlay(
+    path: Path,
+    title: str,
+    runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]],
+    background: str | None = None,
+) -> None:
+    """One panel a signal class: rejection of the background class (default the first)
+    1/eps_B against signal efficiency, runs overlaid."""
+    plt = pyplot()
+    classes = next(iter(runs.values()))[2]
+    background = background or classes[0]
+    signals = [c for c in classes if c != background]
+    fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
+    for ax, sig in zip(axes[0], signals, strict=True):
+        for run, (probs, labels, cls) in runs.items():
+            score, is_signal = signal_vs_background(
+                probs, labels, cls.index(sig), cls.index(background)
+            )
+            eff_s, eff_b = roc_curve(score, is_signal)
+            ok = eff_b > 0
+            ax.plot(eff_s[ok], 1 / eff_b[ok], label=run)
+        ax.set_yscale("log")
+        ax.set_xlim(0, 1)
+        ax.set_xlabel(f"{sig} efficiency ε_S")
+        ax.set_ylabel(f"{background} rejection 1/ε_B")
+        ax.set_title(f"{sig} vs {background}")
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
+    """The confusion matrix, each true class's row normalised."""
+    plt = pyplot()
+    n = len(classes)
+    cm = np.zeros((n, n))
+    np.add.at(cm, (labels, probs.argmax(1)), 1)
+    cm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(1.1 * n + 2, 1.0 * n + 1.5))
+    im = ax.imshow(cm, cmap="Blues", vmin=0, vmax=1)
+    for i in range(n):
+        for j in range(n):
+            ax.text(
+                j,
+                i,
+                f"{cm[i, j]:.2f}",
+                ha="center",
+                va="center",
+                color="white" if cm[i, j] > 0.5 else "black",
+                fontsize=8,
+            )
+    ax.set_xticks(range(n), classes)
+    ax.set_yticks(range(n), classes)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    fig.colorbar(im, ax=ax, label="fraction of the true class")
+    save_figure(fig, path)
 
 
 @contextmanager

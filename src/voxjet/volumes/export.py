@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,48 +19,42 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.tracing import deviation, refuse_deviation, trace_saved
+from voxjet.volumes.models import load_trained
+from voxjet.volumes.plan.plan_file import Plan
 
 
-def _unet_and_config(model_path):
-    from voxjet.volumes.evaluate import load_trained
-
+def _network_and_config(model_path) -> tuple[torch.nn.Module, dict, Plan]:
     model, saved = load_trained(model_path)
     cfg = saved["model_config"]
-    if "plan" not in cfg:
+    plan = Plan.of_model(cfg, str(model_path))
+    if plan is None:
         raise VoxjetError(f"{model_path}: this model does not record its plan (an older voxjet); "
                           "retrain it to export")  # fmt: skip
-    return model.eval(), cfg
+    return model.eval(), cfg, plan
 
 
 def export_torchscript_unet(model, cfg: dict, path: Path) -> float:
     """The network traced to TorchScript on the plan's patch, checked on a second input size;
     the largest deviation from the eager network."""
-    patch = [int(p) for p in cfg["plan"]["patch_size"]]
+    patch = [int(p) for p in Plan.from_dict(cfg["plan"]).patch_size]
     c = int(cfg["in_channels"])
-    x = torch.randn(1, c, *patch)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        traced = torch.jit.trace(model, x, check_trace=False)
-    with atomic_path(path) as tmp:
-        torch.jit.save(traced, str(tmp))
-    loaded = torch.jit.load(str(path))
+    loaded = trace_saved(model, (torch.randn(1, c, *patch),), path)
     worst = 0.0
     with torch.no_grad():
         for shape in (patch, [2 * p for p in patch]):
             y = torch.randn(2, c, *shape)
-            worst = max(worst, float((loaded(y) - model(y)).abs().max()))
-    if worst > 1e-4:
-        raise VoxjetError(f"export torchscript: differs from the eager network by {worst:.2e}")
+            worst = max(worst, deviation(loaded(y).numpy(), model(y).numpy()))
+    refuse_deviation("torchscript", worst)
     return worst
 
 
-def _normalisation(plan: dict, fp: dict, channels: int) -> list[dict]:
+def _normalisation(plan: Plan, fp: dict, channels: int) -> list[dict]:
     """MONAI transforms for voxjet's normalisation, when every channel uses one scheme: CT
     clipped to the dataset's foreground percentiles and z-scored with its statistics
     (ScaleIntensityRanged with the matching target range); zscore per image and channel;
     rescale_to_0_1 per image; none."""
-    schemes = plan["normalization"]
-    schemes = [schemes] if isinstance(schemes, str) else list(schemes)
+    schemes = plan.normalization
     if len(set(schemes)) > 1 or (schemes[0] == "ct" and channels > 1):
         raise VoxjetError(
             f"export bundle: channels normalised as {schemes}, which MONAI's transforms here "
@@ -84,9 +77,9 @@ def _normalisation(plan: dict, fp: dict, channels: int) -> list[dict]:
 
 def inference_config(cfg: dict, overlap: float = 0.5) -> dict:
     """configs/inference.json for the model's plan."""
-    plan, fp = cfg["plan"], cfg["fingerprint"]
+    plan, fp = Plan.from_dict(cfg["plan"]), cfg["fingerprint"]
     c = int(cfg["in_channels"])
-    if plan.get("regions"):
+    if plan.regions:
         raise VoxjetError(
             "export bundle: a region-based model (sigmoid outputs written in "
             "regions_class_order) has no arg-max label map for MONAI's post-processing here; "
@@ -98,7 +91,7 @@ def inference_config(cfg: dict, overlap: float = 0.5) -> dict:
         {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
         {"_target_": "CropForegroundd", "keys": "image", "source_key": "image",
          "select_fn": "$lambda x: x != 0", "allow_smaller": True},
-        {"_target_": "Spacingd", "keys": "image", "pixdim": list(plan["target_spacing"]),
+        {"_target_": "Spacingd", "keys": "image", "pixdim": list(plan.target_spacing),
          "mode": "bilinear"},
         *_normalisation(plan, fp, c),
         {"_target_": "EnsureTyped", "keys": "image"},
@@ -118,7 +111,7 @@ def inference_config(cfg: dict, overlap: float = 0.5) -> dict:
         },  # fmt: skip
         "inferer": {
             "_target_": "SlidingWindowInferer",
-            "roi_size": list(plan["patch_size"]),
+            "roi_size": list(plan.patch_size),
             "sw_batch_size": 2,
             "overlap": overlap,
             "mode": "gaussian",
@@ -159,8 +152,8 @@ def metadata(cfg: dict) -> dict:
     """configs/metadata.json: what goes in and comes out, in MONAI's metadata form."""
     import monai
 
-    plan = cfg["plan"]
-    labels = {str(k): v for k, v in plan["labels"].items()}
+    plan = Plan.from_dict(cfg["plan"])
+    labels = {str(k): v for k, v in plan.labels.items()}
     return {
         "version": "1.0.0",
         "monai_version": monai.__version__,
@@ -168,8 +161,8 @@ def metadata(cfg: dict) -> dict:
         "numpy_version": np.__version__,
         "task": "3D segmentation trained by voxjet",
         "description": "A U-Net trained by voxjet; inference prepares images as training did "
-        f"(RAS, crop to the non-zero region, {plan['target_spacing']} mm, "
-        f"{plan['normalization']} normalisation) and writes label maps on the images' grids",
+        f"(RAS, crop to the non-zero region, {plan.target_spacing} mm, "
+        f"{plan.normalization} normalisation) and writes label maps on the images' grids",
         "authors": "voxjet",
         "copyright": "see the training data's licence",
         "network_data_format": {
@@ -177,9 +170,9 @@ def metadata(cfg: dict) -> dict:
                 "image": {
                     "type": "image",
                     "format": "magnitude",
-                    "modality": plan.get("modality", ""),
+                    "modality": plan.modality,
                     "num_channels": int(cfg["in_channels"]),
-                    "spatial_shape": list(plan["patch_size"]),
+                    "spatial_shape": list(plan.patch_size),
                     "dtype": "float32",
                     "is_patch_data": True,
                     "channel_def": {str(i): f"channel {i}" for i in range(int(cfg["in_channels"]))},
@@ -189,8 +182,8 @@ def metadata(cfg: dict) -> dict:
                 "pred": {
                     "type": "image",
                     "format": "segmentation",
-                    "num_channels": int(plan.get("num_outputs", plan["num_classes"])),
-                    "spatial_shape": list(plan["patch_size"]),
+                    "num_channels": plan.outputs,
+                    "spatial_shape": list(plan.patch_size),
                     "dtype": "float32",
                     "is_patch_data": True,
                     "channel_def": labels,
@@ -202,7 +195,7 @@ def metadata(cfg: dict) -> dict:
 
 def export_volumes(model_path, fmt: str, out: Path) -> Path:
     """Export a segmentation model as torchscript (model.ts) or a MONAI bundle folder."""
-    model, cfg = _unet_and_config(model_path)
+    model, cfg, _ = _network_and_config(model_path)
     if fmt == "torchscript":
         target = out / "model.ts"
         worst = export_torchscript_unet(model, cfg, target)

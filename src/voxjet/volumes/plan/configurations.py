@@ -3,7 +3,7 @@ plan's out-of-plane axis (the coarsest; for thick-slice data the one whose neigh
 kernel would blur), planned as nnU-Net plans it — the fullres spacing and median case without
 that axis, the patch and batch sized to the same memory target by the dataset's planner.
 
-A configuration is stored in plan.json under `configurations`, and `effective_plan` gives the
+A configuration is stored in plan.json under `configurations`, and `Plan.configured` gives the
 plan a run of it trains and predicts with: the 2d patch is kept 3D, one voxel thick along the
 slice axis, so sampling, sliding-window inference, evaluation and export stay those of the 3D
 configuration, and the model (voxjet.volumes.models.SliceWise) applies its 2D network a slice
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from voxjet.errors import VoxjetError
+from voxjet.volumes.plan.resenc import permute_network, plan_resenc
+from voxjet.volumes.plan.sizing import plan_patch_and_batch
+from voxjet.volumes.plan.topology import nnunet_axes
 
-CONFIGURATIONS = ("3d_fullres", "2d", "3d_lowres", "3d_cascade_fullres")
 LOWRES_THRESHOLD = 0.25  # nnU-Net's lowres_creation_threshold: patch / median case voxels
 SPACING_STEP = 1.03  # nnU-Net's spacing_increase_factor
 
@@ -23,8 +24,6 @@ SPACING_STEP = 1.03  # nnU-Net's spacing_increase_factor
 def slice_axis(spacing: list[float]) -> int:
     """The RAS axis a 2d configuration slices along: nnU-Net's first axis (the coarsest
     spacing, the first of equals in its z, y, x order)."""
-    from voxjet.volumes.resenc import nnunet_axes
-
     return nnunet_axes(list(spacing))[0]
 
 
@@ -41,8 +40,6 @@ def _thicken(patch2d: list[int], axis: int) -> list[int]:
 
 def _sized_2d_voxjet(sized: dict, dataset_voxels: float, in_channels: int, out_channels: int,
                      budget_gb: float, depth: int, filters: list[int] | None) -> dict:  # fmt: skip
-    from voxjet.volumes.planning import plan_patch_and_batch
-
     axis = slice_axis(sized["target_spacing"])
     uv = in_plane(axis)
     spacing = [sized["target_spacing"][a] for a in uv]
@@ -54,8 +51,6 @@ def _sized_2d_voxjet(sized: dict, dataset_voxels: float, in_channels: int, out_c
 
 def _sized_2d_resenc(sized: dict, dataset_voxels: float, in_channels: int, out_channels: int,
                      preset: str, gpu_memory_gb: float | None) -> dict:  # fmt: skip
-    from voxjet.volumes.resenc import plan_resenc
-
     order = sized["nnunet_axes"]
     axis = order[0]
     # nnU-Net plans the slice in its own order of the two in-plane axes; voxjet's is RAS
@@ -90,18 +85,14 @@ def _lowres_at(spacing: np.ndarray, median: list[int], voxels: float, in_channel
                out_channels: int, planner: str, gpu_memory_gb: float, depth: int,
                filters: list[int] | None, patch: list[int] | None) -> dict:  # fmt: skip
     if planner == "voxjet":
-        from voxjet.volumes.planning import plan_patch_and_batch
-
         return plan_patch_and_batch(spacing.tolist(), median, voxels, in_channels, out_channels,
                                     gpu_memory_gb, depth, filters=filters, patch=patch)  # fmt: skip
-    from voxjet.volumes.resenc import _permute_network, nnunet_axes, plan_resenc
-
     order = nnunet_axes(spacing.tolist())
     back = [order.index(a) for a in range(3)]
     out = plan_resenc([float(spacing[a]) for a in order], [median[a] for a in order], voxels,
                       in_channels, out_channels, planner, gpu_memory_gb)  # fmt: skip
     return {**out, "patch_size": [out["patch_size"][i] for i in back],
-            "network": _permute_network(out["network"], back), "nnunet_axes": order,
+            "network": permute_network(out["network"], back), "nnunet_axes": order,
             "pipeline_stages": 1, "micro_batches": 1}  # fmt: skip
 
 
@@ -135,32 +126,3 @@ def plan_lowres(sized: dict, n_cases: int, in_channels: int, out_channels: int, 
         return None
     return {**plan, "target_spacing": [float(x) for x in spacing],
             "median_shape_resampled": [float(x) for x in shape]}  # fmt: skip
-
-
-def effective_plan(plan: dict, configuration: str, where: str) -> dict:
-    """The plan a run of `configuration` trains and predicts with: 3d_fullres as planned, any
-    other with its patch, batch and network in place of the fullres ones."""
-    if configuration == "3d_fullres":
-        return {**plan, "configuration": "3d_fullres"}
-    planned = plan.get("configurations", {})
-    low = ("3d_lowres", "3d_cascade_fullres")
-    if configuration in low and "2d" in planned and configuration not in planned:
-        full = plan["patch_size"]
-        raise VoxjetError(
-            f"{where}: the plan has no {configuration} configuration: the 3d_fullres patch "
-            f"{'×'.join(map(str, full))} covers a quarter of the median case or more "
-            f"({'×'.join(f'{x:g}' for x in plan['median_shape_resampled'])}), where nnU-Net "
-            "plans none; train configuration: 3d_fullres"
-        )
-    if configuration not in planned:
-        raise VoxjetError(
-            f"{where}: the plan has no {configuration!r} configuration (it has "
-            f"{['3d_fullres', *sorted(planned)]}); rerun the plan_volumes rule with this "
-            "voxjet (snakemake -R plan_volumes), or choose another experiment configuration"
-        )
-    return {**plan, **planned[configuration], "configuration": configuration}
-
-
-def dataset_voxels(shapes: np.ndarray) -> float:
-    """The voxels of all cases once resampled (what the batch's dataset share is taken of)."""
-    return float(np.prod(np.asarray(shapes, dtype=np.float64), axis=1).sum())

@@ -12,20 +12,20 @@ Everything here works in nnU-Net's axis order; `plan_resenc_dataset` maps voxjet
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from voxjet.errors import VoxjetError
+from voxjet.volumes.models import BLOCKS_ENCODER, build_resenc_core
+from voxjet.volumes.plan.spacing import fullres_spacing
+from voxjet.volumes.plan.topology import nnunet_axes, pool_and_conv_props
 
-ANISOTROPY = 3  # nnU-Net's ANISO_THRESHOLD
 BASE_FEATURES = 32
 MAX_FEATURES = {2: 512, 3: 320}
-MIN_EDGE = 4  # the bottleneck's feature maps keep at least this many voxels an axis
 MIN_BATCH = 2
 REFERENCE_BATCH = {2: 12, 3: 2}
-BLOCKS_ENCODER = (1, 3, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6)
 START_VOLUME = {2: 2048**2, 3: 256**3}
 
 
@@ -63,78 +63,6 @@ def smallest_gpu_memory_gb(preset: str) -> float:
     return SMALLEST_3D / p.reference_3d * p.gpu_memory_gb
 
 
-def fullres_spacing(spacings: list[list[float]], shapes: list[list[int]]) -> np.ndarray:
-    """nnU-Net's target spacing: the median, except on an axis both more than 3× coarser and
-    more than 3× shorter (in voxels) than the others, which takes its 10th percentile (kept at
-    least as coarse as the other axes)."""
-    sp = np.vstack(spacings).astype(float)
-    target = np.percentile(sp, 50, 0)
-    size = np.percentile(np.vstack(shapes), 50, 0)
-    worst = int(np.argmax(target))
-    others = [i for i in range(len(target)) if i != worst]
-    aniso_spacing = target[worst] > ANISOTROPY * max(target[others])
-    aniso_voxels = size[worst] * ANISOTROPY < min(size[others])
-    if aniso_spacing and aniso_voxels:
-        t = np.percentile(sp[:, worst], 10)
-        if t < max(target[others]):
-            t = max(max(target[others]), t) + 1e-5
-        target[worst] = t
-    return target
-
-
-def nnunet_axes(spacing: list[float]) -> list[int]:
-    """nnU-Net's order of voxjet's RAS axes: its arrays are (z, y, x) as SimpleITK reads a
-    RAS-stored file, then transposed so the coarsest axis (the first of equals) leads."""
-    zyx = [2, 1, 0]
-    sp = [spacing[a] for a in zyx]
-    worst = int(np.argmax(sp))
-    return [zyx[worst]] + [a for i, a in enumerate(zyx) if i != worst]
-
-
-def _pad(shape: list[float], divisor: np.ndarray) -> list[int]:
-    # nnU-Net's pad_shape, float sizes (a median between two cases) included
-    return [
-        int(s + d - s % d - (d if s % d == 0 else 0)) for s, d in zip(shape, divisor, strict=True)
-    ]
-
-
-def pool_and_conv_props(
-    spacing: list[float], patch: list[float], min_edge: int = MIN_EDGE
-) -> tuple[list[list[int]], list[list[int]], list[int], list[int]]:
-    """nnU-Net's `get_pool_and_conv_props` (unbounded depth): pool every axis within 2× of the
-    finest spacing while its feature map keeps 2×`min_edge` voxels (3× when only one axis
-    pools), kernels 3 once an axis is within 2× of the finest, 1 before. Returns (strides,
-    kernels, the patch padded to the divisors, the divisors)."""
-    dim = len(spacing)
-    cur_sp, cur_size = list(map(float, spacing)), list(map(float, patch))
-    strides, kernels = [[1] * dim], []
-    pools, kernel = [0] * dim, [1] * dim
-    while True:
-        valid = [i for i in range(dim) if cur_size[i] >= 2 * min_edge]
-        if not valid:
-            break
-        finest = min(cur_sp[i] for i in valid)
-        valid = [i for i in valid if cur_sp[i] / finest < 2]
-        if len(valid) == 1 and cur_size[valid[0]] < 3 * min_edge:
-            break
-        if not valid:
-            break
-        for d in range(dim):
-            if kernel[d] != 3 and cur_sp[d] / min(cur_sp) < 2:
-                kernel[d] = 3
-        step = [1] * dim
-        for v in valid:
-            step[v] = 2
-            pools[v] += 1
-            cur_sp[v] *= 2
-            cur_size[v] = math.ceil(cur_size[v] / 2)
-        strides.append(step)
-        kernels.append(list(kernel))
-    divisor = 2 ** np.array(pools)
-    kernels.append([3] * dim)  # the bottleneck's
-    return strides, kernels, _pad(list(patch), divisor), [int(d) for d in divisor]
-
-
 def features_per_stage(stages: int, dims: int) -> list[int]:
     """32 doubling to at most 320 (3D) or 512 (2D), one a stage."""
     return [min(MAX_FEATURES[dims], BASE_FEATURES * 2**i) for i in range(stages)]
@@ -157,10 +85,6 @@ def feature_map_elements(network: dict, in_channels: int, out_channels: int,
     """dynamic-network-architectures' count of the feature-map elements of one sample through
     the network (what nnU-Net's planners compare with their reference), built on the meta
     device."""
-    import torch
-
-    from voxjet.volumes.models import build_resenc_core
-
     with torch.device("meta"):
         net = build_resenc_core(in_channels, out_channels, network)
     return int(net.compute_conv_feature_map_size(list(patch)))
@@ -236,7 +160,7 @@ def plan_resenc(
     }
 
 
-def _permute_network(network: dict, back: list[int]) -> dict:
+def permute_network(network: dict, back: list[int]) -> dict:
     per_axis = {k: [[row[i] for i in back] for row in network[k]] for k in ("kernels", "strides")}
     return {**network, **per_axis}
 
@@ -271,6 +195,6 @@ def plan_resenc_dataset(
         "target_spacing": [float(t) for t in target],
         "median_shape_resampled": median.tolist(),
         "patch_size": [out["patch_size"][i] for i in back],
-        "network": _permute_network(out["network"], back),
+        "network": permute_network(out["network"], back),
         "nnunet_axes": order,
     }

@@ -14,7 +14,7 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 
 
-check_config_or_fail(config, workflow.source_path("config/schema.yaml"))
+JETS = check_config_or_fail(config, workflow.source_path("config/schema.yaml"))
 validate(config, "config/schema.yaml")
 RUNS = expand_runs_or_fail(config)
 PREDICTIONS = prediction_runs_or_fail(config, RUNS)

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import latency_fs  # noqa: F401, E402  (the tests' latency:// filesystem)
 
 from voxjet.io.fetch import FetchConfig
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.stream import JetStream
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage

@@ -39,9 +39,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from voxjet.io.handover import ReturningLoader
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.features import branches_needed, compute_features, variables
 from voxjet.jets.jagged import pad_particles
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.stream import JetStream
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from voxjet.distributed.runtime import init_runtime
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.train import JetTask
 from voxjet.stage.transfer import stage

@@ -50,7 +50,8 @@ def _peak_rss_mb(args: list[str]) -> float:
 
 
 def _dataset(d: Path, jets_per_file: int, files: int):
-    from voxjet.jets.shard import JetDataConfig, shard_jets
+    from voxjet.jets.data_config import JetDataConfig
+    from voxjet.jets.shard import shard_jets
     from voxjet.jets.synth import ToyJetsConfig, generate_dataset
     from voxjet.stage.transfer import stage
 

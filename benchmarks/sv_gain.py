@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.evaluate import evaluate
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig
 from voxjet.jets.train import run
 from voxjet.stage.transfer import stage

@@ -156,7 +156,8 @@ def assert_predict_equals_evaluation(eval_dir: Path, pred_dir: Path, columns: di
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
     """Jet shards of a small toy dataset (4 classes × 200 jets), staged and sharded."""
-    from voxjet.jets.shard import JetDataConfig, shard_jets
+    from voxjet.jets.data_config import JetDataConfig
+    from voxjet.jets.shard import shard_jets
     from voxjet.jets.synth import ToyJetsConfig, generate_dataset
     from voxjet.stage.transfer import stage
 

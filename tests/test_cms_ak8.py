@@ -15,10 +15,11 @@ import uproot
 import yaml
 from cms_ak8 import LABELS, ak8_config, write_dataset
 
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.dataset import load_columns
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.stage.transfer import stage
 
 pytest.importorskip("weaver", reason="weaver-core is in the test extra")

@@ -15,10 +15,11 @@ import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.collections import parse_collections
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.dataset import load_columns, load_index
 from voxjet.jets.models import build_model
 from voxjet.jets.models.sets import CollectionEmbedding
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
 

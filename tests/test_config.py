@@ -11,7 +11,7 @@ from conftest import REPO
 
 from voxjet.config import check_config, check_sources, expand_runs, from_dict
 from voxjet.errors import VoxjetError
-from voxjet.jets.shard import JetDataConfig
+from voxjet.jets.data_config import JetDataConfig
 
 SCHEMA = REPO / "config" / "schema.yaml"
 
@@ -249,13 +249,13 @@ def test_a_scaling_study_is_one_short_run_a_size_on_gpus_or_cpu_processes(demo_c
     scale = {k: r for k, r in runs.items() if r.role == "scaling" and r.experiment == "part"}
     assert sorted(scale) == ["part_scale-1", "part_scale-1x2", "part_scale-2", "part_scale-2x2"]
     r = scale["part_scale-2x2"]
-    assert r.launch == {"gpus": 2, "nodes": 2} and r.params == {"processes": 4, "nodes": 2}
+    assert (r.launch.gpus, r.launch.nodes) == (2, 2) and r.params == {"processes": 4, "nodes": 2}
     assert r.config["train"]["steps"] == 30 and r.config["train"]["eval_every"] == 30
     assert r.config["model"] == cfg["experiments"]["part"]["model"]
     cpu = {k: r for k, r in expand_runs(demo_config).items() if r.role == "scaling"}
-    assert {k: r.launch for k, r in cpu.items()} == {
-        "pfn_scale-1": {"cpu_processes": 1, "nodes": 1},
-        "pfn_scale-2": {"cpu_processes": 2, "nodes": 1},
+    assert {k: (r.launch.gpus, r.launch.cpu_processes, r.launch.nodes) for k, r in cpu.items()} == {
+        "pfn_scale-1": (0, 1, 1),
+        "pfn_scale-2": (0, 2, 1),
     }
     assert "lr" not in "".join(cpu)  # the experiment's own settings, not its sweep
 

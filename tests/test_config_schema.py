@@ -13,7 +13,7 @@ from config_tables import README_PATH, load_schema, node, rewritten
 from voxjet.cli import build_parser
 from voxjet.io.fetch import FetchConfig
 from voxjet.io.remote import ReadOptions
-from voxjet.jets.shard import JetDataConfig
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.synth import ToyJetsConfig
 from voxjet.planner.plan import Site
 from voxjet.training.loop import TrainSettings

@@ -14,8 +14,9 @@ import uproot
 from conftest import hep_file
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.expressions import Expression, Variables
-from voxjet.jets.shard import JetDataConfig, jet_labels, shard_jets
+from voxjet.jets.shard import jet_labels, shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
 

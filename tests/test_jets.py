@@ -10,11 +10,12 @@ import torch
 import uproot
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.features import compute_features, labels_from_onehot, variables
 from voxjet.jets.metrics import jet_metrics, rejection_at, roc_auc, roc_curve
 from voxjet.jets.models import PFN
 from voxjet.jets.schema import JET_BRANCHES, LABEL_BRANCHES, PARTICLE_BRANCHES
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset, generate_file
 from voxjet.stage.transfer import stage
 

@@ -17,7 +17,8 @@ import pytest
 import uproot
 
 from voxjet.errors import VoxjetError
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
 

@@ -15,7 +15,8 @@ import pytest
 
 from voxjet.errors import VoxjetError
 from voxjet.jets import reweight
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.stream import JetStream
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage

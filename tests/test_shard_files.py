@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.dataset import load_split
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.shard_files import CHECK_JETS, CRCS, ShardChecks
 from voxjet.jets.stream import JetStream
 

@@ -17,8 +17,9 @@ import uproot
 import yaml
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.dataset import load_columns, load_index
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.targets import (
     parse_targets,

@@ -14,7 +14,8 @@ import yaml
 
 from voxjet.errors import VoxjetError
 from voxjet.io.trees import branch_type, tree_names
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.weaver_config import check_not_both
 from voxjet.stage.transfer import stage

@@ -16,11 +16,12 @@ import yaml
 from torch import nn
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.dataset import load_columns, load_index
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
 from voxjet.jets.models.weaver import PART_DEFAULTS, PNET_DEFAULTS
-from voxjet.jets.shard import JetDataConfig, shard_jets
+from voxjet.jets.shard import shard_jets
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
 

@@ -70,9 +70,10 @@ def _stage(a: argparse.Namespace) -> None:
 
 
 def _shard_jets(a: argparse.Namespace) -> None:
-    from voxjet.jets.shard import JetDataConfig, shard_jets, shard_part
+    from voxjet.jets.data_config import JetDataConfig
+    from voxjet.jets.shard import shard_jets, shard_part
 
-    cfg = from_dict(JetDataConfig, parse_json_arg(a.config, "--config"), "jets config")
+    cfg = JetDataConfig.from_record(parse_json_arg(a.config, "--config"), "--config")
     if a.part is None:
         out = shard_jets(a.manifest, a.out, cfg)
     else:
@@ -81,9 +82,10 @@ def _shard_jets(a: argparse.Namespace) -> None:
 
 
 def _index_shards(a: argparse.Namespace) -> None:
-    from voxjet.jets.shard import JetDataConfig, index_shards
+    from voxjet.jets.data_config import JetDataConfig
+    from voxjet.jets.shard import index_shards
 
-    cfg = from_dict(JetDataConfig, parse_json_arg(a.config, "--config"), "jets config")
+    cfg = JetDataConfig.from_record(parse_json_arg(a.config, "--config"), "--config")
     index = index_shards(a.parts, a.out, cfg)
     print(json.dumps({k: v["jets"] for k, v in index["splits"].items()}), file=sys.stderr)
 

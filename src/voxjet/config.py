@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -15,7 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from voxjet.distributed.launch import threads_per_process
 from voxjet.errors import VoxjetError
+from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.weaver_config import check_not_both
+from voxjet.volumes.settings import CASE_FOLDERS
 
 T = TypeVar("T")
 
@@ -70,8 +75,10 @@ def _explain(error) -> str:
     return f"config key '{where}': {error.message}"
 
 
-def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
-    """Validate against the JSON schema; raise one error that lists every problem by key path."""
+def check_config(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, JetDataConfig]:
+    """Validate against the JSON schema; raise one error that lists every problem by key path.
+    Returns each jets dataset's data config, its weaver_config applied and its inputs checked
+    (what the workflow's jobs are given)."""
     import jsonschema
     import yaml
 
@@ -89,23 +96,12 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
         _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
     for name, ds in config.get("datasets", {}).items():
         if isinstance(ds.get("jets"), Mapping):
-            from voxjet.jets.weaver_config import check_not_both
-
             check_not_both(ds["jets"], f"config key 'datasets.{name}.jets'")
-    for name, ds in _filled(config, schema_path).get("datasets", {}).items():
-        if ds.get("domain") == "jets" and "jets" in ds:
-            from voxjet.jets.leakage import check_inputs, reweight_labels
-            from voxjet.jets.reweight import parse
-            from voxjet.jets.weaver_config import resolve
-
-            where = f"datasets.{name}.jets"
-            jets = resolve(ds["jets"], where)
-            check_inputs(jets, where)
-            parse(
-                jets.get("weights"),
-                reweight_labels(jets["labels"]),
-                f"config key '{where}.weights'",
-            )
+    jets = {
+        name: JetDataConfig.checked(ds["jets"], f"datasets.{name}.jets")
+        for name, ds in _filled(config, schema_path).get("datasets", {}).items()
+        if ds.get("domain") == "jets" and "jets" in ds
+    }
     for name, ds in config.get("datasets", {}).items():
         _check_preset_memory(name, ds.get("volumes") or {})
     for name, exp in config.get("experiments", {}).items():
@@ -118,6 +114,7 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> None:
                                   config["experiments"])  # fmt: skip
         _check_scaling(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
+    return jets
 
 
 def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
@@ -134,12 +131,6 @@ def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
             f"plan {preset} (its smallest network, an 8×8×8 patch, needs {floor:.2g} GB by the "
             "preset's reference); raise it, or null for the preset's own target"
         )
-
-
-def on_gpus(launch: Mapping[str, Any]) -> bool:
-    """Whether a `launch:` section trains on GPUs (a number above 0, or the planner's choice)."""
-    gpus = launch.get("gpus", 1)
-    return gpus == "auto" or int(gpus) > 0
 
 
 def _check_auto(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -> None:
@@ -159,7 +150,7 @@ def _check_scaling(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -
         return
     gpus_per_node, budget = site.get("gpus_per_node"), site.get("gpu_budget")
     where = f"config key 'experiments.{name}.scaling"
-    gpu = on_gpus(exp.get("launch", {}))
+    gpu = launch_of(exp).on_gpus
     if gpu and gpus_per_node and max(sc["gpus"]) > gpus_per_node:
         raise VoxjetError(
             f"{where}.gpus': {max(sc['gpus'])} GPUs a node, but site.gpus_per_node is "
@@ -191,6 +182,12 @@ def _check_cascade(name: str, exp: Mapping[str, Any], experiments: Mapping[str, 
         raise VoxjetError(
             f"{where}.previous': a 3d_cascade_fullres experiment is fed a 3d_lowres "
             f"experiment's segmentations; name one ({which}), not {prev!r}"
+        )
+    points = math.prod(len(v) for v in (low.get("sweep") or {}).values())
+    if points * int(low.get("repeats", 1)) > 1:
+        raise VoxjetError(
+            f"{where}.previous': {prev!r} trains several runs a fold (a sweep or repeats); a "
+            "cascade needs one a fold: split the sweep into experiments"
         )
     if (
         low["dataset"] != exp["dataset"]
@@ -313,6 +310,75 @@ def _refuse_secrets(options: Any, where: str) -> None:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """An experiment's `launch:` section (defaults: the schema's, tested equal), with a
+    scaling run's size over it: the processes, threads, memory and time of its jobs."""
+
+    gpus: int | str = 1  # a node's; "auto": the planner's allocation decides
+    cpu_processes: int = 1
+    threads: int = 2
+    mem_mb: int = 16000
+    runtime: int = 120
+    nodes: int = 1
+    stop_margin: int = 300
+
+    @property
+    def auto(self) -> bool:
+        """Whether the planner's sweep allocation decides the GPUs."""
+        return self.gpus == "auto"
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether the job's processes run on GPUs (an undecided `auto` will)."""
+        return self.auto or int(self.gpus) > 0
+
+    @property
+    def per_node(self) -> int:
+        """Processes a node: one a GPU, or the CPU processes."""
+        return int(self.gpus) if self.on_gpus else self.cpu_processes
+
+    @property
+    def processes(self) -> int:
+        """Processes of the whole job."""
+        return self.per_node * self.nodes
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole job (sbatch's --gpus counts every node's)."""
+        return int(self.gpus) * self.nodes if self.on_gpus else 0
+
+    def allocated(self, choice: int, gpus_per_node: int | None) -> Launch:
+        """`gpus: auto` as the planner chose: `choice` GPUs, across nodes of
+        `gpus_per_node` (None: one node)."""
+        per_node = gpus_per_node or choice
+        return dataclasses.replace(self, gpus=min(choice, per_node), nodes=-(-choice // per_node))
+
+    def resources(self) -> dict[str, Any]:
+        """The job's resources as snakemake-executor-plugin-slurm reads them (local runs use
+        `gpu`, `mem_mb` and `runtime`)."""
+        return {
+            "gpu": self.total_gpus,
+            "nodes": self.nodes,
+            "tasks": self.nodes,  # one torchrun a node
+            # a multi-node job starts its own `srun` (one torchrun a node), so the jobstep runs
+            # the rule as it is instead of inside `srun -n1`; the plugin reads that from `mpi`
+            "mpi": "srun" if self.nodes > 1 else "",
+            "mem_mb": self.mem_mb,
+            "runtime": self.runtime,
+        }
+
+    def args(self) -> str:
+        """The `voxjet launch` options of the job (its threads are the rule's)."""
+        return (f"--gpus {self.gpus} --cpu-processes {self.cpu_processes} --nodes {self.nodes}"
+                f" --stop-margin {self.stop_margin}")  # fmt: skip
+
+
+def launch_of(experiment: Mapping[str, Any], override: Mapping[str, Any] = ()) -> Launch:
+    """An experiment's launch, with a run's size (a scaling run's) over it."""
+    return Launch(**{**(experiment.get("launch") or {}), **dict(override)})
+
+
+@dataclass(frozen=True)
 class Run:
     """One training job: an experiment with one combination of its sweep values."""
 
@@ -323,12 +389,25 @@ class Run:
     params: dict[str, Any]
     config: dict[str, Any]
     role: str = "train"  # "scaling": a scaling study's run (trained, never evaluated)
-    launch: dict[str, Any] = field(default_factory=dict)  # over the experiment's `launch:`
+    launch: Launch = field(default_factory=Launch)
+    configuration: str = "3d_fullres"  # a segmentation run's nnU-Net configuration
+    # what find-best compares (the experiment and sweep point, the fold left out)
+    candidate: str = ""
 
     @property
     def run_dir(self) -> str:
         """Where the workflow writes this run's outputs."""
         return f"results/{self.dataset}/runs/{self.run_id}"
+
+    @property
+    def fold(self) -> int | None:
+        """The cross-validation fold it trains (None: not a fold run)."""
+        return self.params.get("fold")
+
+    @property
+    def cases_folder(self) -> str:
+        """The folder under results/<dataset>/ of the case files it reads."""
+        return CASE_FOLDERS.get(self.configuration, CASE_FOLDERS["3d_fullres"])
 
     def as_json(self) -> str:
         """The resolved run config the training command reads."""
@@ -391,39 +470,19 @@ def run_name(
 
 def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
     """Every run of every experiment: each combination of the sweep's values, `repeats` times
-    (repeat k trains with train.seed + k)."""
+    (repeat k trains with train.seed + k), each fold of a cross-validation, and the runs of
+    its scaling study."""
     runs: dict[str, Run] = {}
     for name, exp in config.get("experiments", {}).items():
         domain = config["datasets"][exp["dataset"]]["domain"]
-        sweep = exp.get("sweep") or {}
-        keys = sorted(sweep)
-        base = {"model": exp.get("model", {}), "train": exp.get("train", {})}
-        folds = [None] if not exp.get("folds") else list(range(int(exp["folds"])))
-        for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
-            params = dict(zip(keys, combo, strict=True))
-            for fold, repeat in itertools.product(folds, range(int(exp.get("repeats", 1)))):
-                cfg = copy.deepcopy(base)
-                for k, v in params.items():
-                    _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
-                if repeat:
-                    cfg["train"]["seed"] = int(cfg["train"].get("seed", 0)) + repeat
-                run_id = run_name(name, base, params, repeat)
-                if fold is not None:
-                    cfg["train"]["fold"] = fold
-                    cfg["train"]["folds"] = int(exp["folds"])
-                    run_id = run_id.replace(name, f"{name}_fold-{fold}", 1)
-                if run_id in runs:
-                    raise VoxjetError(
-                        f"experiments.{name}: two runs would be named {run_id!r}; give the "
-                        "sweep values that differ only in punctuation distinct names"
-                    )
-                cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
-                if exp.get("configuration", "3d_fullres") != "3d_fullres":
-                    cfg["configuration"] = exp["configuration"]
-                info = {**params, **({"repeat": repeat} if repeat else {}),
-                        **({"fold": fold} if fold is not None else {})}  # fmt: skip
-                runs[run_id] = Run(run_id, name, exp["dataset"], domain, info, cfg)
-        for run in scaling_runs(name, exp, base, domain):
+        for run in _sweep_runs(name, exp, domain):
+            if run.run_id in runs:
+                raise VoxjetError(
+                    f"experiments.{name}: two runs would be named {run.run_id!r}; give the "
+                    "sweep values that differ only in punctuation distinct names"
+                )
+            runs[run.run_id] = run
+        for run in scaling_runs(name, exp, domain):
             if run.run_id in runs:
                 raise VoxjetError(
                     f"experiments.{name}: a sweep run is named {run.run_id!r} like a scaling "
@@ -433,28 +492,119 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
     return runs
 
 
-def scaling_runs(name: str, exp: Mapping[str, Any], base: Mapping[str, Any],
-                 domain: str) -> list[Run]:  # fmt: skip
+def _base(exp: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings an experiment's runs start from (the sweep sets its keys over them)."""
+    return {"model": exp.get("model", {}), "train": exp.get("train", {})}
+
+
+def _sweep_runs(name: str, exp: Mapping[str, Any], domain: str) -> list[Run]:
+    """The runs of an experiment's sweep points, repeats and folds."""
+    sweep = exp.get("sweep") or {}
+    keys = sorted(sweep)
+    base = _base(exp)
+    folds = [None] if not exp.get("folds") else list(range(int(exp["folds"])))
+    configuration = exp.get("configuration", "3d_fullres")
+    launch = launch_of(exp)
+    out = []
+    for combo in itertools.product(*(sweep[k] for k in keys)) if keys else [()]:
+        params = dict(zip(keys, combo, strict=True))
+        for fold, repeat in itertools.product(folds, range(int(exp.get("repeats", 1)))):
+            cfg = copy.deepcopy(base)
+            for k, v in params.items():
+                _set_dotted(cfg, k, v, f"experiments.{name}.sweep")
+            if repeat:
+                cfg["train"]["seed"] = int(cfg["train"].get("seed", 0)) + repeat
+            candidate = run_id = run_name(name, base, params, repeat)
+            if fold is not None:
+                cfg["train"]["fold"] = fold
+                cfg["train"]["folds"] = int(exp["folds"])
+                run_id = run_id.replace(name, f"{name}_fold-{fold}", 1)
+            cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
+            if configuration != "3d_fullres":
+                cfg["configuration"] = configuration
+            info = {**params, **({"repeat": repeat} if repeat else {}),
+                    **({"fold": fold} if fold is not None else {})}  # fmt: skip
+            out.append(Run(run_id, name, exp["dataset"], domain, info, cfg, launch=launch,
+                           configuration=configuration, candidate=candidate))  # fmt: skip
+    return out
+
+
+def scaling_runs(name: str, exp: Mapping[str, Any], domain: str) -> list[Run]:
     """The runs of an experiment's scaling study: its own settings for `scaling.steps` steps at
     each (processes a node, nodes), as GPUs or, with `launch.gpus` 0, CPU processes."""
     sc = exp.get("scaling")
     if not sc:
         return []
-    gpu = on_gpus(exp.get("launch", {}))
+    gpu = launch_of(exp).on_gpus
     out = []
     for nodes in sc.get("nodes", [1]):
         for n in sc["gpus"]:
-            cfg = copy.deepcopy(dict(base))
+            cfg = copy.deepcopy(_base(exp))
             steps = int(sc.get("steps", 50))
             # validation and checkpoint once, at the end: outside the windows the rate is from
             cfg["train"].update(steps=steps, schedule_steps=steps, log_every=max(1, steps // 10),
                                 eval_every=steps, checkpoint_every=steps)  # fmt: skip
             run_id = f"{name}_scale-{n}" + (f"x{nodes}" if nodes > 1 else "")
             cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
-            launch = {"gpus" if gpu else "cpu_processes": n, "nodes": nodes}
+            launch = launch_of(exp, {"gpus" if gpu else "cpu_processes": n, "nodes": nodes})
             params = {"processes": n * nodes, "nodes": nodes}
-            out.append(Run(run_id, name, exp["dataset"], domain, params, cfg, "scaling", launch))
+            out.append(Run(run_id, name, exp["dataset"], domain, params, cfg, "scaling", launch,
+                           candidate=run_id))  # fmt: skip
     return out
+
+
+def data_location(run: Run, dataset: Mapping[str, Any]) -> str:
+    """Where a run's jobs read its dataset: the dataset's source.prepared (a folder or URL of
+    shards or cases an earlier run made), else the workflow's own under results/."""
+    local = "shards" if run.domain == "jets" else run.cases_folder
+    return dataset["source"].get("prepared") or f"results/{run.dataset}/{local}"
+
+
+def planner_runs(runs: Mapping[str, Run], datasets: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What the planner needs of every run (scaling runs too: their measured rates check it):
+    its config, data, processes (None: `auto`, the planner decides), GPUs or not, threads."""
+    out = []
+    for r in runs.values():
+        ds = datasets[r.dataset]
+        out.append({"run": r.run_id, "experiment": r.experiment, "domain": r.domain,
+                    "data": data_location(r, ds), "read": ds["read"], "config": r.config,
+                    "processes": None if r.launch.auto else r.launch.processes,
+                    "gpu": r.launch.on_gpus, "threads": r.launch.threads})  # fmt: skip
+    return out
+
+
+def planner_threads(runs: Mapping[str, Run]) -> int:
+    """The most threads any run's process trains with (voxjet launch's share of
+    launch.threads): what the planner profiles each run with."""
+    return max([threads_per_process(r.launch.threads, r.launch.processes if not r.launch.auto
+                                    else 1) for r in runs.values()] or [1])  # fmt: skip
+
+
+def planner_gpus(runs: Mapping[str, Run], gpus_per_node: int | None) -> int:
+    """GPUs the planner's job holds: one when any run trains on GPUs, two when a run trains on
+    several a node (it measures their link then)."""
+    gpus = 0
+    for r in runs.values():
+        if r.launch.auto:
+            gpus = max(gpus, 2 if (gpus_per_node or 2) > 1 else 1)
+        elif r.launch.on_gpus:
+            gpus = max(gpus, min(2, int(r.launch.gpus)))
+    return gpus
+
+
+def fold_runs(runs: Mapping[str, Run], dataset: str | None = None) -> list[Run]:
+    """Runs trained as a fold of a cross-validation (`folds:`), of one dataset or all."""
+    return [r for r in runs.values() if r.role == "train" and r.fold is not None
+            and (dataset is None or r.dataset == dataset)]  # fmt: skip
+
+
+def previous_runs(run: Run, runs: Mapping[str, Run], experiments: Mapping[str, Any]) -> list[Run]:
+    """A 3d_cascade_fullres run's 3d_lowres fold runs (one a fold: the config check made
+    sure), or none."""
+    if run.configuration != "3d_cascade_fullres":
+        return []
+    previous = experiments[run.experiment]["previous"]
+    return [r for r in fold_runs(runs, run.dataset) if r.experiment == previous]
 
 
 def best_runs(p: Mapping[str, Any], runs: Mapping[str, Run], where: str) -> list[Run]:

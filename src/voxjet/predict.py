@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from voxjet.errors import VoxjetError
 from voxjet.io.overlap import refuse_overlap
+from voxjet.stage.transfer import list_sources
 
 
 def model_domain(model_path: str | os.PathLike) -> str:
@@ -28,8 +29,6 @@ def model_domain(model_path: str | os.PathLike) -> str:
 def jet_inputs(inputs: list[str]) -> list[tuple[str, str]]:
     """(path or URL, output name) of every ROOT file the inputs name: files, folders, globs
     or URLs; output names must be unique (they land side by side)."""
-    from voxjet.stage.transfer import list_sources
-
     found: list[tuple[str, str]] = []
     for item in inputs:
         if item.endswith(".root") and "://" not in item and Path(item).is_file():

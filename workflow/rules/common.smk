@@ -1,19 +1,32 @@
-# Helpers for the rules: config checks and input functions. Logic stays in the voxjet package.
+# Input and params functions for the rules, over what the voxjet package says of the config
+# (voxjet.config: the runs, their launch and folders). Logic stays in the package.
 import dataclasses
 import hashlib
 import json
 import os
 import re
 import shlex
-import types
 
 from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 from snakemake.settings.types import DeploymentMethod
 
-from voxjet.config import check_config, check_sources, expand_runs, prediction_runs
+from voxjet.volumes.settings import CASE_FOLDERS
+from voxjet.config import (
+    Launch,
+    check_config,
+    check_sources,
+    data_location as run_data_location,
+    expand_runs,
+    fold_runs as config_fold_runs,
+    planner_gpus,
+    planner_runs,
+    planner_threads,
+    prediction_runs,
+    previous_runs as config_previous_runs,
+)
+from voxjet.planner.allocate import allocation_choice
 from voxjet.errors import VoxjetError
 from voxjet.io.ledger import ensure_entry
-from voxjet.jets.weaver_config import resolve as resolve_weaver
 from voxjet.report.runs import run_infos
 from voxjet.stage.transfer import list_sources
 from voxjet.workflow_env import conda_env_file
@@ -54,12 +67,14 @@ wildcard_constraints:
 
 
 def check_config_or_fail(config, schema_path):
-    """Fail before any job with every config problem named by key path."""
+    """Fail before any job with every config problem named by key path; returns each jets
+    dataset's checked data config."""
     try:
-        check_config(config, schema_path)
+        jets = check_config(config, schema_path)
         check_sources(config)
     except VoxjetError as e:
         raise WorkflowError(str(e))
+    return jets
 
 
 def expand_runs_or_fail(config):
@@ -111,7 +126,8 @@ def predict_targets():
 
 def predict_models(wildcards):
     """The model.pt of the run (or of every run of the experiment: the best is used)."""
-    return [f"{r.run_dir}/model.pt" for r in PREDICTIONS[wildcards.name]]
+    return [run_output(rules.train_jets.output.model if r.domain == "jets" else
+                       rules.train_seg.output.model, r) for r in PREDICTIONS[wildcards.name]]
 
 
 def predict_previous(wildcards):
@@ -119,7 +135,7 @@ def predict_previous(wildcards):
     predicts the low-resolution stage first and feeds its segmentation on)."""
     out = []
     for run in PREDICTIONS[wildcards.name]:
-        out += [f"{r.run_dir}/model.pt" for r in previous_runs(run)]
+        out += [run_output(rules.train_seg.output.model, r) for r in previous_runs(run)]
     return sorted(set(out))
 
 
@@ -150,14 +166,9 @@ def predict_options(wildcards):
     return " ".join(opts)
 
 
-def predict_launch_value(wildcards, key):
-    run = PREDICTIONS[wildcards.name][0]
-    return config["experiments"][run.experiment]["launch"][key]
-
-
 def predict_launch(wildcards):
-    launch = config["experiments"][PREDICTIONS[wildcards.name][0].experiment]["launch"]
-    return f"--gpus {launch['gpus']} --cpu-processes {launch['cpu_processes']}"
+    """The launch of a prediction's jobs: its experiment's (one node)."""
+    return dataclasses.replace(PREDICTIONS[wildcards.name][0].launch, nodes=1)
 
 
 def dataset_cfg(name):
@@ -242,7 +253,7 @@ def stage_options(wildcards):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":
         # the tree a weaver config names (its treename), else the section's
-        tree = resolve_weaver(ds["jets"], f"datasets.{wildcards.dataset}.jets")["tree"]
+        tree = JETS[wildcards.dataset].tree
         opts += ["--tree", tree, "--on-bad-file", ds["jets"]["on_bad_file"]]
         opts += ["--on-duplicate", ds["source"]["on_duplicate"]]
     else:  # identical label files are common (empty masks); the planning compares cases
@@ -261,10 +272,9 @@ def data_config(section):
     jets section's weaver_config is read into it, so a change of that file's content does too."""
 
     def resolved(wildcards):
-        cfg = dataset_cfg(wildcards.dataset)[section]
         if section == "jets":
-            cfg = resolve_weaver(cfg, f"datasets.{wildcards.dataset}.jets")
-        return json.dumps(cfg, sort_keys=True)
+            return json.dumps(JETS[wildcards.dataset].record(), sort_keys=True)
+        return json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
 
     return resolved
 
@@ -274,28 +284,14 @@ def prepared(name):
     return dataset_cfg(name)["source"].get("prepared")
 
 
-# the folders of case files under results/<dataset>/, and the plan configuration each holds
-CASE_FOLDERS = {"cases": "3d_fullres", "cases_3d_lowres": "3d_lowres"}
-
-
-def cases_folder(dataset, run=None):
-    """The case files a volumes run reads (`cases`, at the plan's full resolution; a 3d_lowres
-    run's `cases_3d_lowres`); without a run, those of the dataset's first fold run."""
-    if run is None:
-        folds = fold_runs(dataset)
-        run = folds[0].run_id if folds else None
-    exp = config["experiments"][RUNS[run].experiment] if run in RUNS else {}
-    return "cases_3d_lowres" if exp.get("configuration") == "3d_lowres" else "cases"
+# the configuration whose spacing each folder of case files under results/<dataset>/ holds
+CONFIGURATION_OF_CASES = {folder: c for c, folder in CASE_FOLDERS.items()}
 
 
 def data_location(wildcards):
-    """Where training and evaluation read the dataset: its prepared URL, or results/."""
-    ds = wildcards.dataset
-    if dataset_cfg(ds)["domain"] == "jets":
-        local = "shards"
-    else:
-        local = cases_folder(ds, getattr(wildcards, "run", None))
-    return prepared(ds) or f"results/{ds}/{local}"
+    """Where a run's jobs (or find_best, over the dataset's first fold run) read its data."""
+    run = RUNS[wildcards.run] if hasattr(wildcards, "run") else fold_runs(wildcards.dataset)[0]
+    return run_data_location(run, dataset_cfg(wildcards.dataset))
 
 
 def data_input(rule_output):
@@ -328,40 +324,29 @@ def run_config(wildcards):
 
 
 def run_launch(wildcards):
-    """The experiment's `launch:`, with a scaling run's size over it; `gpus: auto` as the
-    planner's allocation chose (read once plan_runs, a checkpoint, has run)."""
-    run = RUNS[wildcards.run]
-    launch = {**config["experiments"][run.experiment]["launch"], **run.launch}
-    if launch["gpus"] == "auto":
-        try:
-            plan = checkpoints.plan_runs.get().output.json
-        except IncompleteCheckpointException:
-            # while the DAG is built: the plan as it stands, or one GPU shown in a dry run
-            # before there is one; either way the jobs wait for the plan (plan_for_auto) and
-            # Snakemake re-evaluates them with its choice once plan_runs has run
-            plan = rules.plan_runs.output.json
-            if not os.path.exists(plan):
-                launch["gpus"] = 1
-                return launch
-        launch.update(planned_launch(plan))
-    return launch
-
-
-def planned_launch(plan_json):
-    """GPUs a node and nodes for the planner's choice of GPUs a run."""
-    with open(plan_json) as f:
-        choice = (json.load(f).get("allocation") or {}).get("choice")
-    if not choice:
-        raise WorkflowError(f"{plan_json}: no allocation (is site.gpu_budget set?); give "
-                            "launch.gpus a number or rerun plan_runs")
-    per_node = config["site"]["gpus_per_node"] or choice
-    return {"gpus": min(choice, per_node), "nodes": -(-choice // per_node)}
+    """The run's launch (voxjet.config.Launch); `gpus: auto` as the planner's allocation chose
+    (read once plan_runs, a checkpoint, has run)."""
+    launch = RUNS[wildcards.run].launch
+    if not launch.auto:
+        return launch
+    try:
+        plan = checkpoints.plan_runs.get().output.json
+    except IncompleteCheckpointException:
+        # while the DAG is built: the plan as it stands, or one GPU shown in a dry run before
+        # there is one; either way the jobs wait for the plan (plan_for_auto) and Snakemake
+        # re-evaluates them with its choice once plan_runs has run
+        plan = rules.plan_runs.output.json
+        if not os.path.exists(plan):
+            return dataclasses.replace(launch, gpus=1)
+    try:
+        return launch.allocated(allocation_choice(plan), config["site"]["gpus_per_node"])
+    except VoxjetError as e:
+        raise WorkflowError(str(e))
 
 
 def plan_for_auto(wildcards):
     """A run whose GPUs the planner chooses waits for the plan (the DAG is re-evaluated then)."""
-    run = RUNS[wildcards.run]
-    if config["experiments"][run.experiment]["launch"]["gpus"] != "auto":
+    if not RUNS[wildcards.run].launch.auto:
         return []
     return [checkpoints.plan_runs.get().output.json]
 
@@ -370,35 +355,36 @@ def run_evaluate(wildcards):
     return config["experiments"][RUNS[wildcards.run].experiment]["evaluate"]
 
 
-def launch_value(key):
-    """One key of the run's `launch:` section, as a params/resources function."""
-    return lambda wildcards: run_launch(wildcards)[key]
+def run_dir(suffix=""):
+    """A params function: the run's folder (voxjet.config.Run.run_dir), or one inside it."""
+    return lambda wildcards: RUNS[wildcards.run].run_dir + suffix
 
 
 def launch_args(wildcards):
     """`voxjet launch` options of the run's job: GPUs (or CPU processes), nodes, stop margin."""
-    launch = run_launch(wildcards)
-    return (
-        f"--gpus {launch['gpus']} --cpu-processes {launch['cpu_processes']}"
-        f" --nodes {launch['nodes']} --stop-margin {launch['stop_margin']}"
-    )
+    return run_launch(wildcards).args()
 
 
-def launch_gpus_total(wildcards):
-    """GPUs of the whole job (sbatch --gpus counts all nodes)."""
-    launch = run_launch(wildcards)
-    return launch["gpus"] * launch["nodes"]
+def launch_resources(launch_of):
+    """The resources of a job on a launch (`launch_of(wildcards)`), one function a resource:
+    the one resources block of every training, evaluation and prediction rule."""
+    return {k: (lambda wildcards, k=k: launch_of(wildcards).resources()[k])
+            for k in Launch().resources()}  # fmt: skip
 
 
-def launch_mpi(wildcards):
-    """Multi-node runs start their own `srun` (one torchrun a node), so the SLURM jobstep must
-    run the rule as it is instead of inside `srun -n1`; the plugin reads that from `mpi`."""
-    return "srun" if run_launch(wildcards)["nodes"] > 1 else ""
+RUN_RESOURCES = launch_resources(run_launch)
+PREDICT_RESOURCES = launch_resources(predict_launch)
+
+
+def run_output(rule_output, run):
+    """A rule's output pattern filled in for a run."""
+    return rule_output.format(dataset=run.dataset, run=run.run_id)
 
 
 def eval_targets(domain=None):
     """Every trained run's evaluation (scaling runs are only timed, never evaluated)."""
-    return [f"{r.run_dir}/eval/metrics.json" for r in RUNS.values()
+    return [run_output(rules.evaluate_jets.output.metrics if r.domain == "jets" else
+                       rules.evaluate_seg.output.metrics, r) for r in RUNS.values()
             if r.role == "train" and (domain is None or r.domain == domain)]
 
 
@@ -441,22 +427,12 @@ def case_files(wildcards):
 
 def fold_runs(dataset=None):
     """Runs trained as a fold of a cross-validation (`folds:`), of one dataset or all."""
-    return [r for r in RUNS.values() if r.role == "train" and "fold" in r.params
-            and (dataset is None or r.dataset == dataset)]  # fmt: skip
+    return config_fold_runs(RUNS, dataset)
 
 
 def previous_runs(run):
     """A 3d_cascade_fullres run's 3d_lowres fold runs (one a fold), or none."""
-    exp = config["experiments"][run.experiment]
-    if exp.get("configuration") != "3d_cascade_fullres":
-        return []
-    lows = [r for r in fold_runs(run.dataset) if r.experiment == exp["previous"]]
-    if len({r.params["fold"] for r in lows}) != len(lows):
-        raise WorkflowError(
-            f"experiments.{run.experiment}.previous: {exp['previous']!r} trains several runs a "
-            "fold (a sweep); a cascade needs one a fold: split the sweep into experiments"
-        )
-    return lows
+    return config_previous_runs(run, RUNS, config["experiments"])
 
 
 def previous_inputs(test):
@@ -466,34 +442,31 @@ def previous_inputs(test):
     def inputs(wildcards):
         run = RUNS[wildcards.run]
         lows = previous_runs(run)
-        out = [f"{r.run_dir}/validation/metrics.json" for r in lows]
+        out = [run_output(rules.validate_seg.output.metrics, r) for r in lows]
         if test:
-            out += [f"{r.run_dir}/eval/metrics.json" for r in lows
-                    if r.params["fold"] == run.params["fold"]]  # fmt: skip
+            out += [run_output(rules.evaluate_seg.output.metrics, r) for r in lows
+                    if r.fold == run.fold]  # fmt: skip
         return out
 
     return inputs
 
 
 def previous_args(test):
-    """Params function: previous_inputs as the evaluate-seg / train-seg options."""
+    """Params function: previous_inputs as the evaluate-seg / train-seg options (the lowres
+    folds' validation folders, and the folder of the test predictions)."""
 
     def args(wildcards):
-        found = previous_inputs(test)(wildcards)
-        if not found:
+        run = RUNS[wildcards.run]
+        lows = previous_runs(run)
+        if not lows:
             return ""
-        val = [os.path.dirname(f) for f in found if f.endswith("validation/metrics.json")]
-        pred = [f"{os.path.dirname(f)}/predictions" for f in found
-                if f.endswith("eval/metrics.json")]  # fmt: skip
+        val = [os.path.dirname(run_output(rules.validate_seg.output.metrics, r)) for r in lows]
+        pred = [os.path.dirname(run_output(rules.evaluate_seg.output.metrics, r)) + "/predictions"
+                for r in lows if test and r.fold == run.fold]  # fmt: skip
         return " ".join(["--previous-validations", *val]
                         + (["--previous-predictions", *pred] if pred else []))  # fmt: skip
 
     return args
-
-
-def configuration_of(run):
-    """A fold run's configuration: its experiment and sweep point, the fold left out."""
-    return run.run_id.replace(f"_fold-{run.params['fold']}", "", 1)
 
 
 def best_targets():
@@ -503,34 +476,27 @@ def best_targets():
 
 def best_inputs(wildcards):
     """The validation metrics of every fold run of the dataset (the probabilities beside)."""
-    return [f"{r.run_dir}/validation/metrics.json" for r in fold_runs(wildcards.dataset)]
+    return [run_output(rules.validate_seg.output.metrics, r) for r in fold_runs(wildcards.dataset)]
 
 
 def best_configs(wildcards):
-    """find-best's --configs: each configuration's fold validation folders and models."""
+    """find-best's --configs: each candidate's fold validation folders and models."""
     out = {}
     for r in fold_runs(wildcards.dataset):
-        c = out.setdefault(configuration_of(r), {"validations": [], "models": []})
-        c["validations"].append(f"{r.run_dir}/validation")
-        c["models"].append(f"{r.run_dir}/model.pt")
+        c = out.setdefault(r.candidate, {"validations": [], "models": []})
+        c["validations"].append(os.path.dirname(run_output(rules.validate_seg.output.metrics, r)))
+        c["models"].append(run_output(rules.train_seg.output.model, r))
     return json.dumps(out, sort_keys=True)
 
 
 def train_logs():
-    return [f"{r.run_dir}/metrics.jsonl" for r in RUNS.values()]
+    return [run_output(rules.train_jets.output.metrics if r.domain == "jets" else
+                       rules.train_seg.output.metrics, r) for r in RUNS.values()]  # fmt: skip
 
 
 def aggregate_runs():
     """What the aggregate step needs to know about every run (list_runs writes it to a file)."""
     return [dataclasses.asdict(i) for i in run_infos(RUNS.values())]
-
-
-def _run_processes(run):
-    launch = {**config["experiments"][run.experiment]["launch"], **run.launch}
-    if launch["gpus"] == "auto":  # the planner decides it
-        return None, True, launch["threads"]
-    per_node = launch["gpus"] if launch["gpus"] > 0 else launch["cpu_processes"]
-    return per_node * launch["nodes"], launch["gpus"] > 0, launch["threads"]
 
 
 def plan_inputs():
@@ -541,37 +507,21 @@ def plan_inputs():
             if r.domain == "jets":
                 out.add(rules.index_jets.output[0].format(dataset=r.dataset))
             else:
-                out.add(f"results/{r.dataset}/{cases_folder(r.dataset, r.run_id)}/cases.json")
+                out.add(rules.gather_cases.output[0].format(dataset=r.dataset,
+                                                             cases=r.cases_folder))  # fmt: skip
     return sorted(out)
 
 
 def plan_run_list():
-    """What the planner needs of every run (scaling runs too: their measured rates check it)."""
-    out = []
-    for r in RUNS.values():
-        processes, gpu, threads = _run_processes(r)
-        where = types.SimpleNamespace(dataset=r.dataset, run=r.run_id)
-        out.append({"run": r.run_id, "experiment": r.experiment, "domain": r.domain,
-                    "data": data_location(where), "read": dataset_cfg(r.dataset)["read"],
-                    "config": r.config, "processes": processes, "gpu": gpu, "threads": threads})
-    return out
+    """What the planner needs of every run (voxjet.config.planner_runs)."""
+    return planner_runs(RUNS, config["datasets"])
 
 
 def plan_threads():
-    """The most threads any run's process trains with (voxjet launch's share of launch.threads)."""
-    from voxjet.planner.plan import profile_threads
-
-    return max([profile_threads(r) for r in plan_run_list()] or [1])
+    """The most threads any run's process trains with (voxjet.config.planner_threads)."""
+    return planner_threads(RUNS)
 
 
 def plan_gpus():
-    """The planner profiles on one GPU when any run trains on GPUs, and holds two when a run
-    trains on several a node: it measures their link then (voxjet.planner.links)."""
-    gpus = 0
-    for r in RUNS.values():
-        launch = {**config["experiments"][r.experiment]["launch"], **r.launch}
-        if launch["gpus"] == "auto":
-            gpus = max(gpus, 2 if (config["site"]["gpus_per_node"] or 2) > 1 else 1)
-        elif launch["gpus"] > 0:
-            gpus = max(gpus, min(2, launch["gpus"]))
-    return gpus
+    """GPUs the planner's job holds (voxjet.config.planner_gpus)."""
+    return planner_gpus(RUNS, config["site"]["gpus_per_node"])

@@ -30,7 +30,7 @@ rule evaluate_jets:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
+        out=run_dir("/eval"),
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
     benchmark:
@@ -39,14 +39,9 @@ rule evaluate_jets:
         dataset=one_of(datasets_of("jets")),
         run=one_of([r.run_id for r in runs_of("jets")]),
     # the experiment's processes and GPUs score the test split side by side
-    threads: launch_value("threads")
+    threads: lambda wildcards: run_launch(wildcards).threads
     resources:
-        gpu=launch_gpus_total,
-        nodes=launch_value("nodes"),
-        tasks=launch_value("nodes"),
-        mpi=launch_mpi,
-        mem_mb=launch_value("mem_mb"),
-        runtime=launch_value("runtime"),
+        **RUN_RESOURCES,
     conda:
         ENV
     shell:
@@ -80,7 +75,7 @@ rule evaluate_seg:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/eval",
+        out=run_dir("/eval"),
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
         previous=previous_args(test=True),
@@ -91,14 +86,9 @@ rule evaluate_seg:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: launch_value("threads")
+    threads: lambda wildcards: run_launch(wildcards).threads
     resources:
-        gpu=launch_gpus_total,
-        nodes=launch_value("nodes"),
-        tasks=launch_value("nodes"),
-        mpi=launch_mpi,
-        mem_mb=launch_value("mem_mb"),
-        runtime=launch_value("runtime"),
+        **RUN_RESOURCES,
     conda:
         ENV
     shell:
@@ -128,7 +118,7 @@ rule validate_seg:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}/validation",
+        out=run_dir("/validation"),
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
         previous=previous_args(test=False),
@@ -139,14 +129,9 @@ rule validate_seg:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         run=one_of([r.run_id for r in fold_runs()]),
-    threads: launch_value("threads")
+    threads: lambda wildcards: run_launch(wildcards).threads
     resources:
-        gpu=launch_gpus_total,
-        nodes=launch_value("nodes"),
-        tasks=launch_value("nodes"),
-        mpi=launch_mpi,
-        mem_mb=launch_value("mem_mb"),
-        runtime=launch_value("runtime"),
+        **RUN_RESOURCES,
     conda:
         ENV
     shell:

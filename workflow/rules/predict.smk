@@ -13,7 +13,7 @@ rule predict:
     params:
         inputs=predict_inputs,
         options=predict_options,
-        launch=predict_launch,
+        launch=lambda wildcards: predict_launch(wildcards).args(),
     log:
         "logs/predict/{name}/{chunk}.log",
     benchmark:
@@ -21,11 +21,9 @@ rule predict:
     wildcard_constraints:
         name=one_of(list(PREDICTIONS)),
         chunk=r"\d{4}",
-    threads: lambda wildcards: predict_launch_value(wildcards, "threads")
+    threads: lambda wildcards: predict_launch(wildcards).threads
     resources:
-        gpu=lambda wildcards: predict_launch_value(wildcards, "gpus"),
-        mem_mb=lambda wildcards: predict_launch_value(wildcards, "mem_mb"),
-        runtime=lambda wildcards: predict_launch_value(wildcards, "runtime"),
+        **PREDICT_RESOURCES,
     conda:
         ENV
     shell:

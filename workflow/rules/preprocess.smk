@@ -42,14 +42,14 @@ rule preprocess_case:
     output:
         "results/{dataset}/{cases}/{case}.h5",
     params:
-        configuration=lambda wildcards: CASE_FOLDERS[wildcards.cases],
+        configuration=lambda wildcards: CONFIGURATION_OF_CASES[wildcards.cases],
     log:
         "logs/preprocess_case/{dataset}/{cases}/{case}.log",
     benchmark:
         "results/benchmarks/preprocess_case/{dataset}/{cases}/{case}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
-        cases=one_of(CASE_FOLDERS),
+        cases=one_of(CONFIGURATION_OF_CASES),
         case="[A-Za-z0-9_.+-]+",
     # on a cluster, `--group-components preprocess=N` (the slurm profile) runs N cases a job
     group:
@@ -78,7 +78,7 @@ rule gather_cases:
         "results/benchmarks/gather_cases/{dataset}/{cases}.tsv"
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
-        cases=one_of(CASE_FOLDERS),
+        cases=one_of(CONFIGURATION_OF_CASES),
     threads: 1
     resources:
         mem_mb=1000,

@@ -15,7 +15,7 @@ rule train_jets:
         read=read_options,
         run_config=run_config,
         launch=launch_args,
-        run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
+        run_dir=run_dir(),
     log:
         "logs/train_jets/{dataset}/{run}.log",
     benchmark:
@@ -23,14 +23,9 @@ rule train_jets:
     wildcard_constraints:
         dataset=one_of(datasets_of("jets")),
         run=one_of([r.run_id for r in runs_of("jets")]),
-    threads: launch_value("threads")
+    threads: lambda wildcards: run_launch(wildcards).threads
     resources:
-        gpu=launch_gpus_total,
-        nodes=launch_value("nodes"),
-        tasks=launch_value("nodes"),
-        mpi=launch_mpi,
-        mem_mb=launch_value("mem_mb"),
-        runtime=launch_value("runtime"),
+        **RUN_RESOURCES,
     conda:
         ENV
     shell:
@@ -54,7 +49,7 @@ rule train_seg:
         read=read_options,
         run_config=run_config,
         launch=launch_args,
-        run_dir=lambda wildcards: f"results/{wildcards.dataset}/runs/{wildcards.run}",
+        run_dir=run_dir(),
         previous=previous_args(test=False),
     log:
         "logs/train_seg/{dataset}/{run}.log",
@@ -63,14 +58,9 @@ rule train_seg:
     wildcard_constraints:
         dataset=one_of(datasets_of("volumes")),
         run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: launch_value("threads")
+    threads: lambda wildcards: run_launch(wildcards).threads
     resources:
-        gpu=launch_gpus_total,
-        nodes=launch_value("nodes"),
-        tasks=launch_value("nodes"),
-        mpi=launch_mpi,
-        mem_mb=launch_value("mem_mb"),
-        runtime=launch_value("runtime"),
+        **RUN_RESOURCES,
     conda:
         ENV
     shell:

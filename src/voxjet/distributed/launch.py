@@ -11,6 +11,9 @@ import subprocess
 import sys
 import threading
 
+from voxjet.distributed import slurm
+from voxjet.distributed.devices import claim_devices
+from voxjet.distributed.gpus import DEVICE_ENV, check_gpus
 from voxjet.distributed.lifeline import die_with_parent
 from voxjet.errors import VoxjetError
 
@@ -18,8 +21,6 @@ from voxjet.errors import VoxjetError
 def processes_per_node(gpus: int, cpu_processes: int = 1) -> int:
     """One process a GPU asked for (checked: torch must see them all), or `cpu_processes`
     processes on the gloo backend when the job asks for no GPU."""
-    from voxjet.distributed.gpus import check_gpus
-
     return check_gpus(gpus) or max(1, cpu_processes)
 
 
@@ -80,7 +81,6 @@ def launch_argv(voxjet_args: list[str], gpus: int, nproc: int, nodes: int) -> li
     """The command line for this job: torchrun on one node, or srun + torchrun on several."""
     if nodes <= 1:
         return torchrun_argv(voxjet_args, nproc)
-    from voxjet.distributed import slurm
 
     job = slurm.job_id()
     if job is None:
@@ -102,8 +102,6 @@ def _deadline_timer(margin_s: float, stop) -> threading.Timer | None:
     Snakemake's SLURM plugin has no way to pass `sbatch --signal` on to the rule's processes, so
     the launcher asks SLURM for the time left instead of waiting for a warning signal.
     """
-    from voxjet.distributed import slurm
-
     job = slurm.job_id()
     if job is None or margin_s <= 0:
         return None
@@ -151,7 +149,6 @@ def run_torchrun(
     import torch
 
     from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
-    from voxjet.distributed.gpus import DEVICE_ENV
 
     nproc = processes_per_node(gpus, cpu_processes)
     env = dict(os.environ)
@@ -161,8 +158,6 @@ def run_torchrun(
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads_per_process(threads, nproc))
     if nodes <= 1 and gpus > 0 and "CUDA_VISIBLE_DEVICES" not in env:
-        from voxjet.distributed.devices import claim_devices
-
         devices, _ = claim_devices(nproc, torch.cuda.device_count())
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
         print(f"launch: using GPUs {devices}", file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from voxjet.distributed.gpus import job_device
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -32,8 +34,6 @@ class Runtime:
 def init_runtime(device: str | None = None) -> Runtime:
     """Join the process group that torchrun describes (or run alone when it describes none),
     on `device` ("cuda" or "cpu"; by default what `voxjet launch` decided for the job)."""
-    from voxjet.distributed.gpus import job_device
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))

@@ -14,6 +14,8 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
+from voxjet.io.integrity import corrupt_error
+
 
 class ChunkCache:
     """Least-recently-used decoded chunks, bounded by their total bytes."""
@@ -81,8 +83,6 @@ class ChunkedArray:
         try:
             return self.dset[box]
         except (OSError, RuntimeError, ValueError) as e:
-            from voxjet.io.integrity import corrupt_error
-
             raise corrupt_error(
                 self.where, f"{self.dset.name} chunk {idx}", "preprocess_case", e
             ) from e

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import HOST
+from voxjet.progress import Progress
 
 COMPLETE = ".complete.json"
 USERS = ".users"
@@ -90,7 +91,6 @@ def _fill(dest: Path, files: list[tuple[str, int]], source, location: str, base:
             f"{free / 2**30:.2f} GiB free; point node_local at larger node-local storage, or "
             "read in place (node_local: null)"
         )
-    from voxjet.progress import Progress
 
     bar = Progress(len(files), f"node-local copy to {dest}", "file")
     for rel, size in files:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from voxjet.errors import VoxjetError
+
 TREE_CLASSES = ("TTree", "ROOT::RNTuple", "ROOT::Experimental::RNTuple")
 
 
@@ -30,8 +32,6 @@ def branch_type(tree: Any, name: str) -> str:
 def tree_with(f: Any, need: list[str], where: str, fix: str) -> str:
     """The one tree of the file holding every name in `need`; an error listing the trees
     otherwise (none, or several)."""
-    from voxjet.errors import VoxjetError
-
     names = tree_names(f)
     holding = [n for n in names if all(b in f[n] for b in need)]
     if len(holding) == 1:

@@ -20,6 +20,7 @@ import awkward as ak
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.features import compute_features
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
 
@@ -76,8 +77,6 @@ def collection_arrays(arrays, v, coll: Collection, entries: np.ndarray) -> dict[
     """The collection of every jet of `arrays`, ordered, clipped and padded: {key: [N, L, F]
     float32, count_key: [N] int32}. Refuses features of different counts, a count branch that
     disagrees with them, and NaN/inf, naming the collection and the entries."""
-    from voxjet.jets.features import compute_features
-
     where = f"jets.collections.{coll.name}.features"
     try:
         got = compute_features(arrays, v, coll.features, [], coll.length, coll.sort_by, where)

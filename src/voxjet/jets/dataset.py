@@ -14,6 +14,7 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles, is_url, read_json_at
+from voxjet.jets.data_config import FORMAT_VERSION
 from voxjet.jets.jagged import offsets_of, pad_particles, ragged_arange
 from voxjet.jets.shard_files import ChecksumMismatch, ShardChecks
 
@@ -54,8 +55,6 @@ class JetArrays:
 
 def load_index(shard_dir: str | os.PathLike, opts: ReadOptions | None = None) -> dict:
     """The shard folder's (or URL's) index.json, refusing shards of another format version."""
-    from voxjet.jets.shard import FORMAT_VERSION
-
     index = read_json_at(shard_dir, "index.json", opts or ReadOptions())
     if index.get("format_version") != FORMAT_VERSION:
         raise VoxjetError(

@@ -11,12 +11,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from voxjet.distributed.runtime import init_runtime, shutdown
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.integrity import checked_lz4
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.baseline import MASS_BINS, mass_counts, mass_probabilities, mass_table
+from voxjet.jets.data_config import JetDataConfig, index_config
 from voxjet.jets.dataset import collection_keys, load_columns, load_index, share
 from voxjet.jets.figures import (
     confusion,
@@ -94,8 +96,10 @@ def score_share(
     scores, labels, each jet's source (file, entry) and the jet-mass reference to `part`."""
     total = index["splits"]["test"]["jets"]
     lo, hi = share(total, rt.rank, rt.world_size)
-    data_cfg = saved["model_config"].get("data") or {"max_particles": index["max_particles"]}
-    tagger = Tagger(model, list(index["classes"]), data_cfg, rt.device, "", inference_batch(saved),
+    record = saved["model_config"].get("data")
+    data = (JetDataConfig.from_record(record, "model.pt (its jets config)") if record
+            else index_config(index, f"{shard_dir}/index.json"))  # fmt: skip
+    tagger = Tagger(model, list(index["classes"]), data, rt.device, "", inference_batch(saved),
                     saved["model_config"].get("targets"),
                     saved["model_config"].get("collections"))  # fmt: skip
     names = ("particles", "jets", "labels", "file", "entry",
@@ -156,8 +160,6 @@ def evaluate(
     stored scores, roc.png and confusion.png. Memory does not grow with the split's size (a
     read of `rows_per_read` jets, a forward pass of the run's training batch) but for the
     final metrics, which hold the scores: a few numbers a jet."""
-    from voxjet.distributed.runtime import init_runtime, shutdown
-
     rt = init_runtime()
     try:
         # read.node_local: the node's processes read one copy in node-local storage
@@ -211,7 +213,7 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
             regressed = (f["targets_pred"][...], f["targets_true"][...])
     metrics = jet_metrics(probs, labels, classes, background)
     if regressed is not None:
-        targets = parse_targets((index.get("config") or {}).get("targets"))
+        targets = parse_targets(index_config(index, "index.json").targets)
         metrics.update(target_metrics(*regressed, targets, train_median, jet_pt))
         if "regression" in metrics:
             reg = [i for i, t in enumerate(targets) if not t.classes]

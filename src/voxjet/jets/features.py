@@ -9,6 +9,7 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.expressions import Variables
+from voxjet.jets.jagged import offsets_of, ragged_arange
 from voxjet.jets.variables import (  # noqa: F401
     BUILTIN_VARIABLES,
     SELECTION,
@@ -79,8 +80,6 @@ def compute_features(
     take = _order(vals[sort_by], counts) if sort_by else None
     kept = np.minimum(counts, max_particles)
     if (kept < counts).any():  # clip: the first max_particles of each (ordered) jet
-        from voxjet.jets.jagged import offsets_of, ragged_arange
-
         first = ragged_arange(offsets_of(counts)[:-1], kept)
         take = first if take is None else take[first]
     cols = []

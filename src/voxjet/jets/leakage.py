@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.targets import expression_names, parse_targets, variable_name
 from voxjet.jets.variables import variables
 
 # what counts as truth besides the configured label branches: JetClass's label_* and aux_*
@@ -61,8 +62,6 @@ def is_truth(branch: str, labels: list[str] | Mapping[str, Any]) -> bool:
 def check_inputs(jets: Mapping[str, Any], where: str) -> None:
     """Parse every expression (syntax, functions, limits) and refuse an input that reads a
     label or truth branch not listed in `truth_inputs`."""
-    from voxjet.jets.targets import expression_names, parse_targets, variable_name
-
     targets = parse_targets(jets.get("targets"), "jets.targets")
     v = variables({**(jets.get("new_variables") or {}), **expression_names(targets)},
                   jets.get("selection"), jets.get("test_time_selection"))  # fmt: skip

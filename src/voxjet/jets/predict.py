@@ -82,9 +82,9 @@ def scored_chunks(
 
     cfg = tagger.data
     # new data is selected as the test split was (weaver's test_time_selection, if given)
-    v = variables(cfg["new_variables"], cfg.get("test_time_selection") or cfg["selection"])
-    need = branches_needed(v, cfg["particle_features"], cfg["jet_features"], cfg["sort_by"])
-    colls = parse_collections(cfg.get("collections"))
+    v = variables(cfg.new_variables, cfg.test_time_selection or cfg.selection)
+    need = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
+    colls = parse_collections(cfg.collections)
     more = v.branches(collection_inputs(colls)) + [c.count for c in colls if c.count]
     need += [b for b in dict.fromkeys(more) if b not in need]
     try:
@@ -117,8 +117,8 @@ def scored_chunks(
             chosen = flag == SELECTED
             if chosen.any():
                 jets = arrays[need][chosen]
-                feats = compute_features(jets, v, cfg["particle_features"], cfg["jet_features"],
-                                         cfg["max_particles"], cfg["sort_by"])  # fmt: skip
+                feats = compute_features(jets, v, cfg.particle_features, cfg.jet_features,
+                                         cfg.max_particles, cfg.sort_by)  # fmt: skip
                 for c in colls:  # as the shard job made them for training
                     rows = np.flatnonzero(chosen) + start
                     feats.update(collection_arrays(jets, v, c, rows))
@@ -170,7 +170,7 @@ def predict_file(
     path, out_path = Path(path), Path(out_path)
     counts = {"entries": 0, "scored": 0, "failed_selection": 0, "not_finite": 0}
     # the dataset's observers (a weaver config's) first, then the ones asked for here
-    observers = list(dict.fromkeys([*(tagger.data.get("observers") or []), *observers]))
+    observers = list(dict.fromkeys([*tagger.data.observers, *observers]))
     with atomic_path(out_path) as tmp:
         with uproot.recreate(tmp) as fout:
             tree, found, first = None, {}, None

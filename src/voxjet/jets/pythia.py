@@ -30,7 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.jets.synth import R0, ToyJetsConfig, particle_columns, write_jets
+from voxjet.jets.schema import CLASSES
+from voxjet.jets.synth import R0, SV_FEATURES, ToyJetsConfig, particle_columns, write_jets
+from voxjet.progress import progress as progress_of
 
 PROCESSES: dict[str, list[str]] = {
     "QCD": ["HardQCD:all = on"],
@@ -237,8 +239,6 @@ def _heavy(idabs: int) -> bool:
 
 def _secondary_vertices(event, xyz, charged, p4, axis) -> dict[str, np.ndarray]:
     """The jet's b/c-hadron decay vertices with ≥ 2 charged constituents from them (sv_*)."""
-    from voxjet.jets.synth import SV_FEATURES
-
     x, y, z = xyz
     px, py, pz, e = p4
     rows = []
@@ -311,9 +311,6 @@ def generate_dataset(
     """`files_per_class` files a class, named like JetClass's, one Pythia run a file (in
     `workers` processes)."""
     from concurrent.futures import ProcessPoolExecutor
-
-    from voxjet.jets.schema import CLASSES
-    from voxjet.progress import progress as progress_of
 
     _require()
     bad = [c for c in cfg.classes if c not in PROCESSES]

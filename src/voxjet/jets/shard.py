@@ -9,12 +9,10 @@ files are added. `index_shards` then adds up the parts' counts and feature sums.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import sys
 import zlib
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import awkward as ak
@@ -33,6 +31,7 @@ from voxjet.jets.collections import (
     empty_in_every_jet,
     parse_collections,
 )
+from voxjet.jets.data_config import FORMAT_VERSION, SHARD_KEYS, SPLITS, JetDataConfig
 from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     TEST_SELECTION,
@@ -44,117 +43,11 @@ from voxjet.jets.features import (
     variables,
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
-from voxjet.jets.leakage import check_inputs, class_names, label_branches, reweight_labels
+from voxjet.jets.leakage import class_names, label_branches, reweight_labels
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
 from voxjet.jets.targets import check_values, expression_names, parse_targets, variable_name
 from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
 from voxjet.progress import progress
-
-# 4: each jet's source file and entry (`file`, `entry`), stored as `jets.storage` says (a
-# reader tells the two apart by the `crc32` dataset); 3: a fletcher32 checksum a chunk;
-# 2: particles stored jagged (flat rows + offsets); 1 stored them padded
-FORMAT_VERSION = 4
-SHARD_KEYS = ("particles", "jets", "labels", "file", "entry")
-SPLITS = ("train", "val", "test")
-
-
-@dataclass
-class JetDataConfig:
-    """How ROOT branches become model inputs (in the spirit of weaver's data config)."""
-
-    tree: str = "tree"
-    # one-hot branches (a list), {"branch": b, "classes": [...]} (an integer class branch) or
-    # {"by_file": {class: glob on the file name}} (one class a source file)
-    labels: list[str] | dict = field(
-        default_factory=lambda: ["label_QCD", "label_Hbb", "label_Wqq", "label_Tbqq"]
-    )
-    particle_features: list[str] = field(
-        default_factory=lambda: [
-            "part_deta",
-            "part_dphi",
-            "part_pt_log",
-            "part_e_log",
-            "part_logptrel",
-            "part_logerel",
-            "part_deltaR",
-            "part_charge",
-            "part_isChargedHadron",
-            "part_isNeutralHadron",
-            "part_isPhoton",
-            "part_isElectron",
-            "part_isMuon",
-            "part_d0",
-            "part_d0err",
-            "part_dz",
-            "part_dzerr",
-        ]
-    )
-    jet_features: list[str] = field(
-        default_factory=lambda: [
-            "jet_pt",
-            "jet_eta",
-            "jet_sdmass",
-            "jet_nparticles",
-            "jet_tau21",
-            "jet_tau32",
-        ]
-    )
-    new_variables: dict[str, str] = field(default_factory=dict)
-    sort_by: str | None = "part_pt"
-    selection: str | None = None
-    # the test split's own selection (weaver's test_time_selection; None: `selection`)
-    test_time_selection: str | None = None
-    max_particles: int = 128
-    jets_per_shard: int = 10000
-    shard_jobs: int = 1
-    storage: str = "mapped"  # voxjet.jets.shard_files
-    on_bad_file: str = "fail"
-    # predefined splits (JetClass ships train_100M/, val_5M/, test_20M/): {split: globs on
-    # the file's path in the dataset}; None: the hash split by val/test_fraction
-    split_files: dict[str, list[str]] | None = None
-    truth_inputs: list[str] = field(default_factory=list)
-    bad_labels: str = "fail"
-    background: str | None = None
-    weaver_config: str | None = None
-    weaver_inputs: dict | None = None
-    observers: list[str] = field(default_factory=list)
-    # regression targets beside the classes: {name: {expr, loss, weight}} (voxjet.jets.targets)
-    targets: dict = field(default_factory=dict)
-    # constituent collections beside the particles: {name: {features, length, sort_by, count}}
-    # (voxjet.jets.collections)
-    collections: dict = field(default_factory=dict)
-    # weaver's `weights:` section (voxjet.jets.reweight): sampling weights for training
-    weights: dict | None = None
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    step_size: int = 50000
-    seed: int = 42
-
-    def __post_init__(self) -> None:
-        if self.weaver_config and self.weaver_inputs is None:
-            from voxjet.jets.weaver_config import resolve
-
-            for k, v in resolve(asdict(self), "jets").items():
-                setattr(self, k, v)
-
-    def hash(self) -> str:
-        """A short hash that changes whenever the shard contents would."""
-        content = {k: v for k, v in asdict(self).items() if k not in METRICS_ONLY}
-        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
-
-    @property
-    def background_class(self) -> str:
-        """The class the others are measured against (default the first)."""
-        classes = class_names(self.labels)
-        name = self.background or classes[0]
-        if name not in classes:
-            raise VoxjetError(f"jets.background: {name!r} is none of the classes {classes}")
-        return name
-
-
-# settings that change what is reported, not what the shards hold
-# (weaver_config: its content arrives as the fields it sets; observers: read by predict only)
-METRICS_ONLY = {"background", "weaver_config", "observers"}
 
 
 def _file_class(labels: dict, name: str) -> int:
@@ -524,7 +417,6 @@ def shard_part(
     files = [f for f in manifest["files"] if f["path"].endswith(".root")]
     if not files:
         raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
-    check_inputs(asdict(cfg), "jets")
     if cfg.bad_labels not in ("fail", "drop"):
         raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
     for f in files:  # a file in no split (or two) stops the job before any reading
@@ -648,7 +540,7 @@ def index_shards(
     index: dict = {
         "format_version": FORMAT_VERSION,
         "config_hash": cfg.hash(),
-        "config": asdict(cfg),
+        "config": cfg.record(),
         "classes": classes,
         "background": cfg.background_class,
         "particle_features": cfg.particle_features,

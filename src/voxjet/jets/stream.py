@@ -32,6 +32,7 @@ from voxjet.io.integrity import corrupt_error
 from voxjet.io.remote import ReadOptions, RemoteFiles
 from voxjet.jets.dataset import collection_keys, load_index
 from voxjet.jets.jagged import JaggedBuffer, SlabPool, Specs, pad_rows, take_rows
+from voxjet.jets.reweight import jet_weights, resample
 from voxjet.jets.shard_files import ChecksumMismatch, ShardChecks
 
 KEYS = ("jets", "labels")
@@ -249,8 +250,6 @@ class JetStream(torch.utils.data.IterableDataset):
                ) -> np.ndarray:  # fmt: skip
         """The buffer's rows for this pass: the carried `kept` once each, the new ones drawn
         with replacement by their sampling weight (voxjet.jets.reweight), as many as came."""
-        from voxjet.jets.reweight import jet_weights, resample
-
         new = slice(kept, len(view["labels"]))
         w = jet_weights(view["reweight"][new], view["labels"][new], self.reweight, self.tables)
         drawn = resample(w, rng, f"{self.url}: a shuffle buffer of {self.split} jets")

@@ -22,6 +22,7 @@ import uproot
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
 from voxjet.jets.schema import CLASSES, LABEL_BRANCHES
+from voxjet.progress import progress as progress_of
 
 R0 = 0.8
 M_W, M_Z, M_H, M_T = 80.4, 91.2, 125.1, 172.8
@@ -333,8 +334,6 @@ def generate_dataset(
     out_dir: str | os.PathLike, cfg: ToyJetsConfig, progress: bool = True
 ) -> list[Path]:
     """Write `files_per_class` files a class into `out_dir`, named like JetClass's."""
-    from voxjet.progress import progress as progress_of
-
     unknown = [c for c in cfg.classes if c not in TOY_CLASSES]
     if unknown:
         raise VoxjetError(f"toy generator: unknown classes {unknown}; choose from {TOY_CLASSES}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -14,9 +13,12 @@ import torch
 from voxjet.distributed import checkpoint
 from voxjet.errors import VoxjetError
 from voxjet.jets.collections import model_inputs
+from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.models import build_model
 from voxjet.jets.targets import Target, decode_numpy, output_columns, parse_targets
+
+JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
 
 
 def load_trained(model_path: str | Path) -> tuple[torch.nn.Module, dict]:
@@ -35,7 +37,7 @@ class Tagger:
 
     model: torch.nn.Module
     classes: list[str]
-    data: dict[str, Any]  # the jets section it was trained with (voxjet.jets.shard)
+    data: JetDataConfig  # the jets config it was trained with
     device: torch.device
     path: str
     batch: int = 256  # jets a forward pass (inference_batch)
@@ -57,18 +59,19 @@ class Tagger:
     @property
     def tree(self) -> str:
         """The tree the model's features were defined on."""
-        return self.data["tree"]
+        return self.data.tree
 
 
 def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:
     """A jet model from model.pt, refusing other domains and models without their features."""
     model, saved = load_trained(model_path)
-    data = saved["model_config"].get("data")
-    if data is None:
+    record = saved["model_config"].get("data")
+    if record is None:
         raise VoxjetError(
             f"{model_path}: this model does not record the jets config it was trained with "
             "(trained by an older voxjet); retrain it to predict on new files"
         )
+    data = JetDataConfig.from_record(record, f"{model_path} (its jets config)")
     return Tagger(model.to(device).eval(), list(saved["model_config"]["classes"]), data, device,
                   str(model_path), inference_batch(saved), saved["model_config"].get("targets"),
                   saved["model_config"].get("collections"))  # fmt: skip
@@ -80,8 +83,6 @@ def inference_batch(saved: dict) -> int:
     batch × particles²)."""
     batch = (saved.get("settings") or {}).get("batch_size")
     if batch is None:  # a model.pt without its settings: the training default
-        from voxjet.jets.train import JET_BATCH_SIZE
-
         batch = JET_BATCH_SIZE
     return int(batch)
 
@@ -100,7 +101,7 @@ def infer(tagger: Tagger, feats: dict[str, np.ndarray],
     batch = batch or tagger.batch
     counts = np.asarray(feats["counts"], np.int64)
     off = np.concatenate([[0], np.cumsum(counts)])
-    length = int(tagger.data["max_particles"])
+    length = tagger.data.max_particles
     c, t = len(tagger.classes), len(tagger.target_names)
     probs = np.empty((len(counts), c), np.float32)
     regressed = np.empty((len(counts), t), np.float32)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.metrics import roc_auc
+from voxjet.plotting import pyplot, save_figure
 
 LOSSES = ("mse", "huber", "logcosh")
 KINDS = ("regression", "classification")
@@ -203,8 +205,6 @@ def target_metrics(pred: np.ndarray, true: np.ndarray, targets: list[Target],
                    train_median: list[float], jet_pt: np.ndarray | None) -> dict:  # fmt: skip
     """{"regression": regression_metrics of the regressions, "classification": per
     classification target its accuracy and each class's one-vs-rest AUC}."""
-    from voxjet.jets.metrics import roc_auc
-
     out: dict = {}
     blocks = _blocks(targets)
     reg = [i for i, t in enumerate(targets) if not t.classes]
@@ -233,8 +233,6 @@ def regression_figure(path, pred: np.ndarray, true: np.ndarray, names: list[str]
                       metrics: dict) -> None:  # fmt: skip
     """One row a target: pred/true's distribution (with the training median's beside it),
     and response and resolution in jet-pT bins."""
-    from voxjet.plotting import pyplot, save_figure
-
     plt = pyplot()
     fig, axes = plt.subplots(len(names), 2, figsize=(11, 4.2 * len(names)), squeeze=False)
     for i, name in enumerate(names):

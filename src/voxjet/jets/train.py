@@ -17,11 +17,13 @@ from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions
 from voxjet.jets.collections import model_inputs
+from voxjet.jets.data_config import JetDataConfig, index_config
 from voxjet.jets.dataset import collection_keys, load_index, load_split
 from voxjet.jets.jagged import pad_particles
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.models import build_model
 from voxjet.jets.stream import JetStream
+from voxjet.jets.tagger import JET_BATCH_SIZE
 from voxjet.jets.targets import (
     Target,
     decode_numpy,
@@ -31,8 +33,6 @@ from voxjet.jets.targets import (
     target_metrics,
 )
 from voxjet.training.loop import TrainSettings, train
-
-JET_BATCH_SIZE = 256  # train.batch_size null (config/schema.yaml)
 
 
 @torch.no_grad()
@@ -65,10 +65,11 @@ class JetTask:
         self.dir = str(shard_dir)  # a folder or an fsspec URL
         self.read = read or ReadOptions()
         self.index = load_index(shard_dir, self.read)
+        self.data = index_config(self.index, f"{self.dir}/index.json")
         self._val: tuple[tuple[int, int], Any] | None = None  # (rank, world), this rank's share
         self.n_classes = len(self.index["classes"])
         # targets: a block of outputs each past the classes (voxjet.jets.targets)
-        self.targets: list[Target] = parse_targets((self.index.get("config") or {}).get("targets"))
+        self.targets: list[Target] = parse_targets(self.data.targets)
         self.model_cfg = {
             "n_features": len(self.index["particle_features"]),
             "n_classes": self.n_classes + len(output_columns(self.targets)),
@@ -77,7 +78,7 @@ class JetTask:
             "feature_names": self.index["particle_features"],
             **model_cfg,
         }
-        groups = (self.index.get("config") or {}).get("weaver_inputs") or {}
+        groups = self.data.weaver_inputs or {}
         points = [g for name, g in groups.items()
                   if name.endswith("_points") and g.get("collection") is None]  # fmt: skip
         if model_cfg.get("name") == "particlenet" and points and "points" not in model_cfg:
@@ -87,9 +88,9 @@ class JetTask:
         if str(model_cfg.get("name", "")).startswith("weaver_"):
             # weaver's networks read the input groups of the data config the shards came from
             # (with the "auto" centres and scales the index job computed, if any)
-            self.model_cfg["weaver_inputs"] = self.index.get("weaver_inputs") or (
-                self.index.get("config") or {}
-            ).get("weaver_inputs")
+            self.model_cfg["weaver_inputs"] = (
+                self.index.get("weaver_inputs") or self.data.weaver_inputs
+            )
         # extra constituent collections, each joined to the particles by the model
         self.collections = [
             {**c, "mean": self.index[f"coll_{c['name']}_mean"],
@@ -120,8 +121,8 @@ class JetTask:
             **self.model_cfg,
             "classes": self.index["classes"],
             "domain": "jets",
-            "data": self.index.get("config"),
-            **({"targets": target_settings(self.index)} if self.targets else {}),
+            "data": self.data.record(),
+            **({"targets": target_settings(self.index, self.data)} if self.targets else {}),
         }
 
     def stream(self, rt: Runtime) -> JetStream:
@@ -223,10 +224,10 @@ class JetTask:
         return out
 
 
-def target_settings(index: dict) -> dict[str, Any]:
+def target_settings(index: dict, data: JetDataConfig) -> dict[str, Any]:
     """What a trained model needs of its targets: names, specs and the training split's mean
     and std (to turn its regression outputs back into the targets' units)."""
-    return {"names": list(index["targets"]), "specs": (index.get("config") or {}).get("targets"),
+    return {"names": list(index["targets"]), "specs": data.targets,
             "mean": index["target_mean"], "std": index["target_std"]}  # fmt: skip
 
 

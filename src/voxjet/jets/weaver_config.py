@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.reweight import parse
 
 # keys of a dataset's jets section a weaver config decides (giving both would be ambiguous)
 DERIVED = ("labels", "particle_features", "new_variables", "selection", "sort_by",
@@ -127,8 +128,6 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     if observers:
         out["observers"] = observers
     if doc.get("weights"):
-        from voxjet.jets.reweight import parse
-
         if not custom:  # else checked against the section's labels, once resolved
             parse(doc["weights"], list(labels["value"]), f"{where}: weights")
         out["weights"] = dict(doc["weights"])

@@ -5,7 +5,11 @@ grows); the n with the shortest makespan wins, ties going to fewer device-hours.
 from __future__ import annotations
 
 import heapq
+import json
+import os
 from typing import Any
+
+from voxjet.errors import VoxjetError
 
 
 def makespan(durations: list[float], slots: int) -> float:
@@ -37,3 +41,13 @@ def allocate(times: dict[str, dict[int, float]], budget: int) -> dict[str, Any]:
         return {"budget": budget, "choice": None, "options": []}
     best = min(options, key=lambda o: (round(o["makespan_s"], 6), o["device_hours"]))
     return {"budget": budget, "choice": best["processes"], "options": options}
+
+
+def allocation_choice(plan_json: str | os.PathLike) -> int:
+    """GPUs a run of the planner's sweep allocation (results/plan/runs.json)."""
+    with open(plan_json) as f:
+        choice = (json.load(f).get("allocation") or {}).get("choice")
+    if not choice:
+        raise VoxjetError(f"{plan_json}: no allocation (is site.gpu_budget set?); give "
+                          "launch.gpus a number or rerun plan_runs")  # fmt: skip
+    return int(choice)

@@ -17,10 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxjet.distributed.runtime import Runtime
+from voxjet.distributed import checkpoint
+from voxjet.distributed.launch import threads_per_process
+from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
+from voxjet.io.device_feed import DeviceFeed
+from voxjet.io.prefetch import prefetch
+from voxjet.jets.train import make_task as jets_task
 from voxjet.planner.allocate import allocate
+from voxjet.planner.links import measure_link
 from voxjet.planner.model import (
     Links,
     Prediction,
@@ -29,6 +35,8 @@ from voxjet.planner.model import (
     predict_pipeline_step,
     predict_step,
 )
+from voxjet.training.loop import _epochs, make_optimizer
+from voxjet.volumes.train import make_task as seg_task
 
 
 @dataclass
@@ -128,9 +136,6 @@ class _Stepper:
     forward with the loss, backward, gradient clipping and the optimiser, timed in parts."""
 
     def __init__(self, task: Any, s: Any, rt: Any) -> None:
-        from voxjet.io.device_feed import DeviceFeed
-        from voxjet.io.prefetch import prefetch
-        from voxjet.training.loop import _epochs, make_optimizer
 
         self.task, self.s, self.rt, self.device = task, s, rt, rt.device
         self.model = task.build_model().to(self.device)
@@ -236,8 +241,6 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
         shares.append([k, time.perf_counter() - t])
     validation = shares[0][1]
     with tempfile.TemporaryDirectory(prefix="voxjet-profile-") as tmp:
-        from voxjet.distributed import checkpoint
-
         t = time.perf_counter()
         checkpoint.save(Path(tmp) / "last.pt", {"model": model.state_dict(),
                                                  "optimizer": opt.state_dict()})  # fmt: skip
@@ -301,8 +304,6 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
     `own`. A CPU profile ran with the threads each of the run's own processes gets; at n
     processes each gets threads // n (compute taken to scale with threads), and processes
     that outnumber the node's cores share them."""
-    from voxjet.distributed.launch import threads_per_process
-
     threads = int(run.get("threads", 1))
     train = run["config"].get("train", {})
     steps = int(train.get("steps", 0))
@@ -369,9 +370,8 @@ def profile_key(run: dict[str, Any]) -> str:
 
 
 def profile_threads(run: dict[str, Any]) -> int:
-    """The CPU threads each of the run's processes trains with (voxjet launch's share)."""
-    from voxjet.distributed.launch import threads_per_process
-
+    """The CPU threads each of the run's processes trains with (voxjet launch's share; the
+    workflow's job holds as many: voxjet.config.planner_threads)."""
     return threads_per_process(int(run.get("threads", 1)), int(run.get("processes") or 1))
 
 
@@ -380,8 +380,6 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
     """Profile, predict and allocate every run; write runs.json and runs.md into `out_dir`.
     `time_limit_s` (the job's): each profile gets an equal share of what is left, and a run
     whose profile cannot finish in it is named."""
-    from voxjet.distributed.runtime import init_runtime, shutdown
-
     start = time.perf_counter()
     rt = init_runtime()
     measured = []
@@ -392,8 +390,6 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
     if any(not r.get("gpu") and (r.get("processes") or 1) > 1 for r in runs):
         wanted.append(("cpu", "gloo"))  # processes of a CPU run talk through gloo, not a GPU link
     for device, backend in wanted:
-        from voxjet.planner.links import measure_link
-
         bw, lat = measure_link(backend)
         measured.append({"backend": backend, "bandwidth_gbps": bw / 1e9, "latency_us": lat * 1e6})
         sites[device] = replace(site, intra_node_gbps=bw / 1e9, latency_us=lat * 1e6)
@@ -439,10 +435,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
 
 
 def _profile(run: dict[str, Any], rt: Any, limits: ProfileLimits) -> Profile:
-    if run["domain"] == "jets":
-        from voxjet.jets.train import make_task
-    else:
-        from voxjet.volumes.train import make_task
+    make_task = jets_task if run["domain"] == "jets" else seg_task
     try:
         task, s = make_task(run["data"], run["config"], run.get("read"))
         return profile_task(task, s, rt, limits, run["run"])

@@ -25,6 +25,7 @@ import fsspec
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json, write_json
 from voxjet.io.overlap import refuse_overlap
+from voxjet.io.trees import tree_names
 from voxjet.progress import Progress
 from voxjet.stage.checksum import CHUNK, algorithm_for, checksum_file, new_hasher
 
@@ -166,8 +167,6 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
     if tree is None or not path.name.endswith(".root"):
         return None
     import uproot
-
-    from voxjet.io.trees import tree_names
 
     try:
         with uproot.open(path) as f:

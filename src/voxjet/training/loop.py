@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from voxjet.distributed import checkpoint
+from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
 from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
@@ -252,7 +253,6 @@ class Trainer:
                     f"train.pipeline_stages={s.pipeline_stages}: only segmentation U-Nets are "
                     "cut into pipeline stages; use 1 (data parallel) for this model"
                 )
-            from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
 
             cfg = PipelineConfig(s.pipeline_stages, s.microbatches, s.pipeline_schedule)
             modules, loss_fn = self.task.pipeline_stages(state.model, s.pipeline_stages)

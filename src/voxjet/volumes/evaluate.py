@@ -27,6 +27,7 @@ from voxjet.volumes.metrics import seg_metrics
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.probabilities import PROBABILITIES, save_probabilities
+from voxjet.volumes.settings import CASE_FOLDERS
 from voxjet.volumes.splits import evaluation_cases
 from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
 
@@ -130,7 +131,7 @@ def _check_spacing(ev: Evaluation, f, cid: str) -> None:
             f"{np.round(f.attrs['spacing'], 4).tolist()} mm, but {ev.model_path} was trained on "
             f"cases at {np.round(ev.plan.target_spacing, 4).tolist()} mm (its configuration "
             f"{ev.plan.configuration}); give the case files of that configuration (3d_lowres: "
-            "results/<dataset>/cases_3d_lowres)"
+            f"results/<dataset>/{CASE_FOLDERS['3d_lowres']})"
         )
 
 

@@ -10,6 +10,7 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.case_arrays import CaseArray
+from voxjet.io.handover import SharedSlabs
 from voxjet.volumes.augment import (
     MARGIN,
     P_ROTATE,
@@ -296,7 +297,6 @@ class PatchBatches(torch.utils.data.IterableDataset):
         self.slot_table: torch.Tensor | None = None  # set by ReturningLoader
 
     def __iter__(self):
-        from voxjet.io.handover import SharedSlabs
 
         info = torch.utils.data.get_worker_info()
         w, n = (info.id, info.num_workers) if info else (0, 1)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the folder under results/<dataset>/ of each configuration's preprocessed cases (a cascade's
+# and a 2d run's are the full-resolution ones)
+CASE_FOLDERS = {"3d_fullres": "cases", "3d_lowres": "cases_3d_lowres"}
+
 
 @dataclass
 class VolumePrepConfig:

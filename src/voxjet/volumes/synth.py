@@ -17,6 +17,7 @@ import numpy as np
 from scipy import ndimage
 
 from voxjet.io.atomic import atomic_path
+from voxjet.progress import progress as progress_of
 
 LABELS = {"0": "background", "1": "organ", "2": "lesion"}
 
@@ -106,8 +107,6 @@ def generate_dataset(
     name: str = "Task00_Toy",
 ) -> Path:
     """Write an MSD-layout dataset (dataset.json, imagesTr, labelsTr, imagesTs)."""
-    from voxjet.progress import progress as progress_of
-
     out = Path(out_dir)
     for sub in ("imagesTr", "labelsTr", "imagesTs"):
         (out / sub).mkdir(parents=True, exist_ok=True)

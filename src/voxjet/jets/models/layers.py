@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from voxjet.errors import VoxjetError
+
 
 def mlp(sizes: list[int], final_act: bool = True) -> nn.Sequential:
     """Linear layers of the given widths with ReLUs between (and after the last if final_act)."""
@@ -19,8 +21,6 @@ def mlp(sizes: list[int], final_act: bool = True) -> nn.Sequential:
 
 def feature_indices(feature_names: list[str], needed: tuple[str, ...], model: str) -> list[int]:
     """Positions of the features a model computes geometry from; a clear error if absent."""
-    from voxjet.errors import VoxjetError
-
     missing = [n for n in needed if n not in feature_names]
     if missing:
         raise VoxjetError(

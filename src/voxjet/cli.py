@@ -1,12 +1,15 @@
-"""The `voxjet` command that every Snakemake rule calls."""
+"""The `voxjet` command: the steps of the workflow, each a subcommand its Snakemake rule calls
+(and that can be run by hand), and predict and export for trained models."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from voxjet import __version__
 from voxjet.config import from_dict, parse_json_arg
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
@@ -149,15 +152,6 @@ def _previous(a: argparse.Namespace) -> dict[str, list[str]] | None:
     return {"validations": a.previous_validations, "predictions": a.previous_predictions}
 
 
-def _previous_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--previous-validations", nargs="*", default=[],
-                   help="3d_cascade_fullres: the 3d_lowres folds' validation folders (the "
-                        "segmentations of the cross-validation's cases)")  # fmt: skip
-    s.add_argument("--previous-predictions", nargs="*", default=[],
-                   help="3d_cascade_fullres: folders of the 3d_lowres run's test predictions "
-                        "(<case>.nii.gz)")  # fmt: skip
-
-
 def _evaluate_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.evaluate import evaluate
 
@@ -246,229 +240,204 @@ def _job(a: argparse.Namespace) -> None:
         sys.exit(code)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with one subcommand a pipeline step."""
-    p = argparse.ArgumentParser(prog="voxjet", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+# ---- the subcommands' arguments, one function each ------------------------------------------
 
-    s = sub.add_parser(
-        "synth-jets", help="write demo jets (Pythia 8 or toy) as ROOT files in the JetClass schema"
-    )
-    s.add_argument("--out", required=True)
+
+def _args_synth_jets(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--out", required=True, help="folder to write the ROOT files into")
     s.add_argument("--generator", default="toy", help="pythia (Pythia 8 + FastJet) or toy")
     s.add_argument("--workers", type=int, default=1, help="files generated at once (pythia)")
-    s.add_argument("--classes", nargs="+", default=["QCD", "Hbb", "Wqq", "Tbqq"])
-    s.add_argument("--files-per-class", type=int, default=2)
-    s.add_argument("--jets-per-file", type=int, default=2000)
-    s.add_argument("--seed", type=int, default=1)
-    s.set_defaults(func=_synth_jets)
+    s.add_argument("--classes", nargs="+", default=["QCD", "Hbb", "Wqq", "Tbqq"],
+                   help="JetClass processes to generate, one label branch each")  # fmt: skip
+    s.add_argument("--files-per-class", type=int, default=2, help="ROOT files a class")
+    s.add_argument("--jets-per-file", type=int, default=2000, help="jets a file")
+    s.add_argument("--seed", type=int, default=1, help="random seed of the generator")
 
-    s = sub.add_parser("synth-volumes", help="write a toy CT dataset in the MSD layout")
-    s.add_argument("--out", required=True)
-    s.add_argument("--train-cases", type=int, default=12)
-    s.add_argument("--test-cases", type=int, default=2)
-    s.add_argument("--seed", type=int, default=7)
-    s.set_defaults(func=_synth_volumes)
 
-    s = sub.add_parser("stage", help="copy a dataset to fast storage, verified by checksum")
+def _args_synth_volumes(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--out", required=True, help="dataset folder to write (MSD layout)")
+    s.add_argument("--train-cases", type=int, default=12, help="labelled cases (imagesTr/)")
+    s.add_argument("--test-cases", type=int, default=2, help="unlabelled cases (imagesTs/)")
+    s.add_argument("--seed", type=int, default=7, help="random seed of the generator")
+
+
+def _args_stage(s: argparse.ArgumentParser) -> None:
     s.add_argument("--source", default=None, help="directory, glob or fsspec URL")
     s.add_argument("--file-list", default=None, help="text file: one path or URL a line")
-    s.add_argument("--dest", required=True)
-    s.add_argument("--manifest", required=True)
-    s.add_argument("--pattern", nargs="+", default=["*"])
+    s.add_argument("--dest", required=True, help="folder on fast storage to copy into")
+    s.add_argument("--manifest", required=True, help="manifest.json to write (files, checksums)")
+    s.add_argument("--pattern", nargs="+", default=["*"], help="file name globs to stage")
     s.add_argument("--checksums", default=None, help="JSON {relative path: checksum} to verify")
     s.add_argument("--tree", default=None, help="ROOT tree whose entries the manifest records")
-    s.add_argument(
-        "--on-bad-file",
-        choices=["fail", "skip"],
-        default="fail",
-        help="a ROOT file without the tree or unreadable: stop, or stage it marked unreadable",
-    )
+    s.add_argument("--on-bad-file", choices=["fail", "skip"], default="fail",
+                   help="a ROOT file without the tree or unreadable: stop, or stage it marked "
+                        "unreadable")  # fmt: skip
+    s.add_argument("--on-duplicate", choices=["fail", "skip", "ignore"], default="fail",
+                   help="two files with the same checksum: stop naming both, stage the "
+                        "first only, or do not compare (volumes: their planning compares "
+                        "cases)")  # fmt: skip
+    s.add_argument("--workers", type=int, default=4, help="files copied at once")
+    s.add_argument("--retries", type=int, default=3, help="tries a file before giving up")
+
+
+def _args_prepare(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--manifest", required=True, help="the stage's manifest.json")
+    s.add_argument("--out", required=True, help=f"folder to write the {what} into")
+    s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
+
+
+def _args_shard_jets(s: argparse.ArgumentParser) -> None:
+    _args_prepare(s, "shards")
+    s.add_argument("--part", type=int, default=None,
+                   help="write only shard job PART of jets.shard_jobs (default: all, then "
+                        "index)")  # fmt: skip
+
+
+def _args_plan_volumes(s: argparse.ArgumentParser) -> None:
+    _args_prepare(s, "plan")
     s.add_argument(
         "--on-duplicate",
-        choices=["fail", "skip", "ignore"],
+        choices=["fail", "skip"],
         default="fail",
-        help="two files with the same checksum: stop naming both, stage the first only, or "
-        "do not compare (volumes: their planning compares cases)",
+        help="two cases with identical images: stop naming both, or keep the first",
     )
-    s.add_argument("--workers", type=int, default=4)
-    s.add_argument("--retries", type=int, default=3)
-    s.set_defaults(func=_stage)
 
-    for name, func, what in (
-        ("shard-jets", _shard_jets, "ROOT files to shuffled HDF5 shards"),
-        ("preprocess-volumes", _preprocess, "fingerprint, plan and preprocess all cases"),
-        ("plan-volumes", _plan_volumes, "check cases, fingerprint, plan and split"),
-    ):
-        s = sub.add_parser(name, help=what)
-        s.add_argument("--manifest", required=True)
-        s.add_argument("--out", required=True)
-        s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
-        if name == "plan-volumes":
-            s.add_argument(
-                "--on-duplicate",
-                choices=["fail", "skip"],
-                default="fail",
-                help="two cases with identical images: stop naming both, or keep the first",
-            )
-        if name == "shard-jets":
-            s.add_argument(
-                "--part",
-                type=int,
-                default=None,
-                help="write only shard job PART of jets.shard_jobs (default: all, then index)",
-            )
-        s.set_defaults(func=func)
-    s = sub.add_parser("index-shards", help="gather shard parts into index.json")
+
+def _args_index_shards(s: argparse.ArgumentParser) -> None:
     s.add_argument("--parts", nargs="+", required=True, help="the shard part folders")
     s.add_argument("--out", required=True, help="index.json to write")
     s.add_argument("--config", required=True, help="JSON (or @file): the dataset's section")
-    s.set_defaults(func=_index_shards)
 
-    s = sub.add_parser("preprocess-case", help="preprocess one case with the dataset's plan")
-    s.add_argument("--manifest", required=True)
+
+def _args_preprocess_case(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--manifest", required=True, help="the stage's manifest.json")
     s.add_argument("--plan", required=True, help="the plan-volumes folder")
-    s.add_argument("--case", required=True)
+    s.add_argument("--case", required=True, help="the case's id in dataset.json")
     s.add_argument("--configuration", default="3d_fullres",
                    help="the plan's configuration whose spacing the case is resampled to "
                         "(3d_lowres: the low-resolution stage's)")  # fmt: skip
-    s.add_argument("--out", required=True)
-    s.set_defaults(func=_preprocess_case)
+    s.add_argument("--out", required=True, help="the case file (.h5) to write")
 
-    s = sub.add_parser("gather-cases", help="put the plan beside the case files, list them")
-    s.add_argument("--plan", required=True)
-    s.add_argument("--cases", required=True)
-    s.set_defaults(func=_gather_cases)
 
-    for name, data_arg, func in (
-        ("train-jets", "--shards", _train_jets),
-        ("train-seg", "--cases", _train_seg),
-    ):
-        s = sub.add_parser(name, help="train one run (launch through torchrun for several GPUs)")
-        s.add_argument(data_arg, required=True)
+def _args_gather_cases(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--plan", required=True, help="the plan-volumes folder")
+    s.add_argument("--cases", required=True, help="the folder of the preprocessed case files")
+
+
+def _args_previous(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--previous-validations", nargs="*", default=[],
+                   help="3d_cascade_fullres: the 3d_lowres folds' validation folders (the "
+                        "segmentations of the cross-validation's cases)")  # fmt: skip
+    s.add_argument("--previous-predictions", nargs="*", default=[],
+                   help="3d_cascade_fullres: folders of the 3d_lowres run's test predictions "
+                        "(<case>.nii.gz)")  # fmt: skip
+
+
+def _args_train(data_arg: str, what: str):
+    def add(s: argparse.ArgumentParser) -> None:
+        s.add_argument(data_arg, required=True, help=f"the {what} folder (or URL)")
         s.add_argument("--run-config", required=True, help="JSON (or @file) resolved run config")
-        s.add_argument("--out", required=True)
+        s.add_argument("--out", required=True, help="the run's folder (model.pt, checkpoints)")
         s.add_argument("--read", default="{}", help=READ_HELP)
-        if name == "train-seg":
-            _previous_args(s)
-        s.set_defaults(func=func)
+        if data_arg == "--cases":
+            _args_previous(s)
 
-    for name, data_arg, func in (
-        ("evaluate-jets", "--shards", _evaluate_jets),
-        ("evaluate-seg", "--cases", _evaluate_seg),
-    ):
-        s = sub.add_parser(name, help="score the test split with a trained model")
-        s.add_argument(data_arg, required=True)
-        s.add_argument("--model", required=True)
-        s.add_argument("--out", required=True)
+    return add
+
+
+def _args_evaluate(data_arg: str, what: str):
+    def add(s: argparse.ArgumentParser) -> None:
+        s.add_argument(data_arg, required=True, help=f"the {what} folder (or URL)")
+        s.add_argument("--model", required=True, help="the run's model.pt")
+        s.add_argument("--out", required=True, help="folder for metrics.json and the figures")
         s.add_argument("--read", default="{}", help=READ_HELP)
-        if name == "evaluate-seg":
-            s.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
-            s.add_argument("--mirror", action="store_true", help="average all 8 axis flips")
-            s.add_argument("--split", choices=["test", "val"], default="test",
-                           help="val: the cases the run validated on (its fold's)")  # fmt: skip
-            s.add_argument(
-                "--probabilities",
-                action="store_true",
-                help="also write the probabilities (probabilities/<case>.npz)",
-            )
-            _previous_args(s)
-        s.set_defaults(func=func)
+        if data_arg != "--cases":
+            return
+        s.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
+        s.add_argument("--mirror", action="store_true", help="average all 8 axis flips")
+        s.add_argument("--split", choices=["test", "val"], default="test",
+                       help="val: the cases the run validated on (its fold's)")  # fmt: skip
+        s.add_argument("--probabilities", action="store_true",
+                       help="also write the probabilities (probabilities/<case>.npz)")  # fmt: skip
+        _args_previous(s)
 
-    s = sub.add_parser("find-best", help="choose a dataset's best configuration or ensemble "
-                       "and post-processing from the folds' validation predictions")  # fmt: skip
+    return add
+
+
+def _args_find_best(s: argparse.ArgumentParser) -> None:
     s.add_argument("--cases", required=True, help="the dataset's prepared cases")
     s.add_argument(
         "--configs",
         required=True,
         help='JSON: {name: {"validations": [dirs], "models": [model.pt]}}',
     )
-    s.add_argument("--out", required=True)
-    s.set_defaults(func=_find_best)
+    s.add_argument("--out", required=True, help="folder for choice.json and summary.md")
 
-    s = sub.add_parser("launch", help="run a voxjet command under torchrun (one process a GPU)")
-    s.add_argument(
-        "--gpus",
-        type=int,
-        required=True,
-        help="GPUs a node, one process each (checked: torch must see them); 0 runs on the CPU",
-    )
+
+def _args_launch(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--gpus", type=int, required=True,
+                   help="GPUs a node, one process each (checked: torch must see them); 0 runs "
+                        "on the CPU")  # fmt: skip
     s.add_argument(
         "--cpu-processes",
         type=int,
         default=1,
         help="processes a node when --gpus is 0 (gloo backend)",
     )
-    s.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads of the job, shared by a node's processes (OMP_NUM_THREADS each)",
-    )
+    s.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of the job, shared by a node's processes (OMP_NUM_THREADS "
+                        "each)")  # fmt: skip
     s.add_argument(
         "--nodes", type=int, default=1, help="nodes of the SLURM job: srun starts one torchrun each"
     )
-    s.add_argument(
-        "--stop-margin",
-        type=float,
-        default=300.0,
-        help="inside a SLURM job: checkpoint and stop this many seconds before its time limit",
-    )
+    s.add_argument("--stop-margin", type=float, default=300.0,
+                   help="inside a SLURM job: checkpoint and stop this many seconds before its "
+                        "time limit")  # fmt: skip
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
-    s.set_defaults(func=_launch)
 
-    s = sub.add_parser(
-        "job",
-        help="run a voxjet command as a workflow job: a log of its own, its outputs' ledger "
-        "entries marked until it succeeds (what every rule runs)",
-    )
+
+def _args_job(s: argparse.ArgumentParser) -> None:
     s.add_argument("--log", required=True, help="the job's log file (locked while it runs)")
     s.add_argument("--outputs", nargs="+", required=True, help="the rule's output files")
     s.add_argument("args", nargs=argparse.REMAINDER, help="-- then the voxjet command")
-    s.set_defaults(func=_job)
 
-    s = sub.add_parser("predict", help="apply a trained model to new ROOT files or NIfTI images")
-    s.add_argument(
-        "--model",
-        nargs="+",
-        required=True,
-        help="a run's model.pt (its domain decides); several: the best by validation score",
-    )
-    s.add_argument(
-        "--input",
-        nargs="+",
-        required=True,
-        help="files, folders, globs or URLs (jets: ROOT; volumes: NIfTI, imagesTs/, a dataset)",
-    )
+
+def _args_predict(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--model", nargs="+", required=True,
+                   help="a run's model.pt (its domain decides); several: the folds of a "
+                        "cross-validation averaged, else the best by validation score")  # fmt: skip
+    s.add_argument("--input", nargs="+", required=True,
+                   help="files, folders, globs or URLs (jets: ROOT; volumes: NIfTI, imagesTs/, "
+                        "a dataset)")  # fmt: skip
     s.add_argument("--out", required=True, help="folder for one output a file / case")
     s.add_argument("--observers", nargs="*", default=[], help="jets: branches copied through")
     s.add_argument("--previous-model", nargs="*", default=[],
                    help="volumes, a 3d_cascade_fullres model: the 3d_lowres experiment's fold "
                         "models, whose segmentation of each image it is fed")  # fmt: skip
-    s.add_argument(
-        "--tree", default=None,
-        help="jets: the tree to score (default: the training files' tree, else the one tree "
-        "holding every branch the model needs)",
-    )  # fmt: skip
+    s.add_argument("--tree", default=None,
+                   help="jets: the tree to score (default: the training files' tree, else the "
+                        "one tree holding every branch the model needs)")  # fmt: skip
     s.add_argument("--step-size", type=int, default=50_000, help="jets: entries read at a time")
     s.add_argument(
-        "--batch-size", type=int, default=None,
+        "--batch-size",
+        type=int,
+        default=None,
         help="jets: jets a forward pass (default: the run's training batch size)",
-    )  # fmt: skip
+    )
     s.add_argument("--overlap", type=float, default=0.5, help="volumes: sliding-window overlap")
     s.add_argument("--mirror", action="store_true", help="volumes: average all 8 axis flips")
     s.add_argument("--choice", default=None,
                    help="volumes: a best-configuration choice.json (find-best): its models "
-                   "averaged and its post-processing applied")  # fmt: skip
+                        "averaged and its post-processing applied")  # fmt: skip
     s.add_argument(
         "--probabilities",
         action="store_true",
         help="volumes: also <case>_probabilities.nii.gz (one channel a class)",
     )
-    s.set_defaults(func=_predict)
 
-    s = sub.add_parser("export", help="a trained model as ONNX, TorchScript or a MONAI bundle")
-    s.add_argument("--model", required=True)
+
+def _args_export(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--model", required=True, help="a run's model.pt")
     s.add_argument(
         "--format",
         required=True,
@@ -476,35 +445,184 @@ def build_parser() -> argparse.ArgumentParser:
         help="taggers: onnx, torchscript; segmentation: torchscript, bundle",
     )
     s.add_argument("--out", required=True, help="folder to write into")
-    s.set_defaults(func=_export)
 
-    s = sub.add_parser("aggregate", help="tidy metrics.csv and summary.md over all runs")
+
+def _args_aggregate(s: argparse.ArgumentParser) -> None:
     s.add_argument("--runs", default=None, help="JSON (or @file) list of runs")
-    s.add_argument(
-        "--from-config",
-        default=None,
-        help="a workflow config: summarise its runs that have metrics, list the rest",
-    )
-    s.add_argument(
-        "--schema",
-        default="config/schema.yaml",
-        help="the workflow's config schema (its defaults decide run names), for --from-config",
-    )
+    s.add_argument("--from-config", default=None,
+                   help="a workflow config: summarise its runs that have metrics, list the "
+                        "rest")  # fmt: skip
+    s.add_argument("--schema", default="config/schema.yaml",
+                   help="the workflow's config schema (its defaults decide run names), for "
+                        "--from-config")  # fmt: skip
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
-    s.add_argument("--plan", default=None, help="the planner's runs.json, checked against the "
-                   "throughput the runs measured")  # fmt: skip
-    s.add_argument("--best", nargs="*", default=[], help="the datasets' best-configuration "
-                   "choices (results/<dataset>/best/choice.json), summarised")  # fmt: skip
-    s.add_argument("--out", required=True)
-    s.set_defaults(func=_aggregate)
+    s.add_argument("--plan", default=None,
+                   help="the planner's runs.json, checked against the throughput the runs "
+                        "measured")  # fmt: skip
+    s.add_argument("--best", nargs="*", default=[],
+                   help="the datasets' best-configuration choices "
+                        "(results/<dataset>/best/choice.json), summarised")  # fmt: skip
+    s.add_argument("--out", required=True, help="folder for metrics.csv, summary.md, figures/")
 
-    s = sub.add_parser("plan-runs", help="profile each run on one device, predict its step time "
-                       "at each size, allocate a sweep to a GPU budget")  # fmt: skip
-    s.add_argument("--runs", required=True, help="JSON (or @file) list of runs: run, "
-                   "experiment, domain, data, read, config, processes, threads")  # fmt: skip
+
+def _args_plan_runs(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--runs", required=True,
+                   help="JSON (or @file) list of runs: run, experiment, domain, data, read, "
+                        "config, processes, threads")  # fmt: skip
     s.add_argument("--site", default="{}", help="the config's site: section as JSON")
     s.add_argument("--out", required=True, help="folder for runs.json and runs.md")
-    s.set_defaults(func=_plan_runs)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, what it does, its arguments and what runs it; internal ones
+    (what the workflow's jobs call) work like any other but stay out of `voxjet --help`."""
+
+    name: str
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+    internal: bool = False
+
+
+COMMANDS = (
+    Command(
+        "synth-jets",
+        "write demo jets (Pythia 8 or toy) as ROOT files in the JetClass schema",
+        _args_synth_jets,
+        _synth_jets,
+    ),  # fmt: skip
+    Command(
+        "synth-volumes",
+        "write a toy CT dataset in the MSD layout",
+        _args_synth_volumes,
+        _synth_volumes,
+    ),  # fmt: skip
+    Command("stage", "copy a dataset to fast storage, verified by checksum", _args_stage, _stage),
+    Command(
+        "shard-jets",
+        "ROOT files to shuffled HDF5 shards (and their index)",
+        _args_shard_jets,
+        _shard_jets,
+    ),  # fmt: skip
+    Command(
+        "index-shards",
+        "gather shard parts into index.json",
+        _args_index_shards,
+        _index_shards,
+        internal=True,
+    ),  # fmt: skip
+    Command(
+        "preprocess-volumes",
+        "fingerprint, plan and preprocess every case of a dataset",
+        lambda s: _args_prepare(s, "case files"),
+        _preprocess,
+    ),  # fmt: skip
+    Command(
+        "plan-volumes",
+        "check every case, fingerprint, plan and split a dataset",
+        _args_plan_volumes,
+        _plan_volumes,
+    ),  # fmt: skip
+    Command(
+        "preprocess-case",
+        "preprocess one case with the dataset's plan",
+        _args_preprocess_case,
+        _preprocess_case,
+        internal=True,
+    ),  # fmt: skip
+    Command(
+        "gather-cases",
+        "put the plan beside the case files, list them",
+        _args_gather_cases,
+        _gather_cases,
+        internal=True,
+    ),  # fmt: skip
+    Command(
+        "train-jets",
+        "train one run of a jet-tagging experiment on the shards "
+        "(launch through torchrun for several processes)",
+        _args_train("--shards", "shards"),
+        _train_jets,
+    ),  # fmt: skip
+    Command(
+        "train-seg",
+        "train one run of a segmentation experiment on the case files, "
+        "patch by patch (launch through torchrun for several processes)",
+        _args_train("--cases", "case files"),
+        _train_seg,
+    ),  # fmt: skip
+    Command(
+        "evaluate-jets",
+        "score a tagger on the shards' test split: accuracy, AUC, rejection, ROC curves",
+        _args_evaluate("--shards", "shards"),
+        _evaluate_jets,
+    ),  # fmt: skip
+    Command(
+        "evaluate-seg",
+        "segment the test cases (or a fold's validation cases) and score "
+        "them on their original grids: Dice, HD95, overlays",
+        _args_evaluate("--cases", "case files"),
+        _evaluate_seg,
+    ),  # fmt: skip
+    Command(
+        "find-best",
+        "choose a dataset's best configuration or ensemble and "
+        "post-processing from the folds' validation predictions",
+        _args_find_best,
+        _find_best,
+    ),  # fmt: skip
+    Command(
+        "launch",
+        "run a voxjet command under torchrun (one process a GPU)",
+        _args_launch,
+        _launch,
+        internal=True,
+    ),  # fmt: skip
+    Command(
+        "job",
+        "run a voxjet command as a workflow job: a log of its own, its outputs' "
+        "ledger entries marked until it succeeds (what every rule runs)",
+        _args_job,
+        _job,
+        internal=True,
+    ),  # fmt: skip
+    Command(
+        "predict",
+        "apply a trained model to new ROOT files or NIfTI images",
+        _args_predict,
+        _predict,
+    ),  # fmt: skip
+    Command(
+        "export", "a trained model as ONNX, TorchScript or a MONAI bundle", _args_export, _export
+    ),  # fmt: skip
+    Command(
+        "aggregate",
+        "tidy metrics.csv, summary.md and figures over all runs",
+        _args_aggregate,
+        _aggregate,
+    ),  # fmt: skip
+    Command(
+        "plan-runs",
+        "profile each run on one device, predict its step time at each "
+        "size, allocate a sweep to a GPU budget",
+        _args_plan_runs,
+        _plan_runs,
+    ),  # fmt: skip
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subcommand a pipeline step (COMMANDS)."""
+    p = argparse.ArgumentParser(prog="voxjet", description=__doc__)
+    p.add_argument("--version", action="version", version=f"voxjet {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="<command>")
+    for c in COMMANDS:
+        # an internal command given no `help` is left out of the list (still callable)
+        listed = {} if c.internal else {"help": c.help}
+        s = sub.add_parser(c.name, description=c.help, **listed)
+        c.arguments(s)
+        s.set_defaults(func=c.run)
     return p
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import awkward as ak
@@ -182,6 +183,62 @@ def _check_finite(arrays, entries: np.ndarray) -> None:
         )
 
 
+def _split_codes(path: Path, rel: str | None, entries: np.ndarray,
+                 cfg: JetDataConfig) -> np.ndarray:  # fmt: skip
+    """Each entry's split: its file's (jets.split_files), else the hash of (file, entry)."""
+    fixed = file_split(rel, cfg) if rel is not None else None
+    if fixed is None:
+        return split_of(path.name, entries, cfg)
+    return np.full(len(entries), fixed, np.int8)
+
+
+def _kept(arrays, entries: np.ndarray, split: np.ndarray, v: Variables, cfg: JetDataConfig,
+          path: Path, dropped: dict) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(which jets pass the selection with one class, each jet's class): jets whose labels
+    are not one class stop the job naming the entries, or are counted into `dropped`
+    (jets.bad_labels: drop)."""
+    keep = select(arrays, v)
+    if TEST_SELECTION in v.exprs:  # test jets pass the test split's own selection
+        passed = np.ones(len(entries), bool) if keep is None else keep
+        keep = np.where(split == 2, select(arrays, v, test=True), passed)
+    labels, problems = jet_labels(arrays, cfg.labels, path.name)
+    # judged on the selected jets only: a selection may remove the ones in question
+    sel = np.ones(len(labels), bool) if keep is None else keep
+    problems = {k: m & sel for k, m in problems.items()}
+    if any(m.any() for m in problems.values()):
+        if cfg.bad_labels != "drop":
+            raise VoxjetError(_bad_label_message(problems, entries, cfg.labels))
+        for k, m in problems.items():
+            if m.any():
+                dropped[k] = dropped.get(k, 0) + int(m.sum())
+    keep = labels >= 0 if keep is None else keep & (labels >= 0)
+    return keep, labels
+
+
+def _jet_arrays(arrays, v: Variables, cfg: JetDataConfig, entries: np.ndarray,
+                rw: dict | None) -> dict[str, np.ndarray]:  # fmt: skip
+    """The selected jets' features, collections, reweighting values and targets."""
+    out = compute_features(
+        arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
+    )
+    out["offsets"] = offsets_of(out.pop("counts"))
+    for c in parse_collections(cfg.collections):
+        out.update(collection_arrays(arrays, v, c, entries))
+    if rw is not None:
+        out["reweight"] = reweight_values(arrays, v, rw)
+        if rw.get("by_branches") and (out["reweight"][:, -1] < 0).any():
+            bad = entries[out["reweight"][:, -1] < 0]
+            raise VoxjetError(
+                f"{len(bad)} selected, labelled jets (entries {bad[:5].tolist()}) are in "
+                f"none of jets.weights.reweight_classes {rw['classes']}: weaver would "
+                "never train on them. Add their class, or leave them out with "
+                "jets.selection"
+            )
+    if cfg.targets:
+        out["targets"] = target_values(arrays, v, cfg, entries)
+    return out
+
+
 def _read_range(
     path: Path,
     tree,
@@ -202,62 +259,20 @@ def _read_range(
     dropped = dropped if dropped is not None else {}
     need = branches + label_branches(cfg.labels)
     try:
-        for arrays in tree.iterate(
-            need,
-            entry_start=start,
-            entry_stop=stop,
-            step_size=cfg.step_size,
-            library="ak",
-            report=True,
-        ):
-            arrays, report = arrays
+        for arrays, report in tree.iterate(need, entry_start=start, entry_stop=stop,
+                                           step_size=cfg.step_size, library="ak",
+                                           report=True):  # fmt: skip
             entries = np.arange(report.tree_entry_start, report.tree_entry_stop)
             _check_finite(arrays, entries)
-            fixed = file_split(rel, cfg) if rel is not None else None
-            split = (
-                split_of(path.name, entries, cfg)
-                if fixed is None
-                else np.full(len(entries), fixed, np.int8)
-            )
-            keep = select(arrays, v)
-            if TEST_SELECTION in v.exprs:  # test jets pass the test split's own selection
-                passed = np.ones(len(entries), bool) if keep is None else keep
-                keep = np.where(split == 2, select(arrays, v, test=True), passed)
-            labels, problems = jet_labels(arrays, cfg.labels, path.name)
-            # judged on the selected jets only: a selection may remove the ones in question
-            sel = np.ones(len(labels), bool) if keep is None else keep
-            problems = {k: m & sel for k, m in problems.items()}
-            if any(m.any() for m in problems.values()):
-                if cfg.bad_labels != "drop":
-                    raise VoxjetError(_bad_label_message(problems, entries, cfg.labels))
-                for k, m in problems.items():
-                    if m.any():
-                        dropped[k] = dropped.get(k, 0) + int(m.sum())
-            # drop unselected and unlabelled jets before any feature is computed
-            keep = labels >= 0 if keep is None else keep & (labels >= 0)
+            split = _split_codes(path, rel, entries, cfg)
+            keep, labels = _kept(arrays, entries, split, v, cfg, path, dropped)
+            # unselected and unlabelled jets go before any feature is computed
             if not keep.all():
                 arrays, entries, labels = arrays[keep], entries[keep], labels[keep]
                 split = split[keep]
             if len(arrays) == 0:
                 continue
-            out = compute_features(
-                arrays, v, cfg.particle_features, cfg.jet_features, cfg.max_particles, cfg.sort_by
-            )
-            out["offsets"] = offsets_of(out.pop("counts"))
-            for c in parse_collections(cfg.collections):
-                out.update(collection_arrays(arrays, v, c, entries))
-            if rw is not None:
-                out["reweight"] = reweight_values(arrays, v, rw)
-                if rw.get("by_branches") and (out["reweight"][:, -1] < 0).any():
-                    bad = entries[out["reweight"][:, -1] < 0]
-                    raise VoxjetError(
-                        f"{len(bad)} selected, labelled jets (entries {bad[:5].tolist()}) are in "
-                        f"none of jets.weights.reweight_classes {rw['classes']}: weaver would "
-                        "never train on them. Add their class, or leave them out with "
-                        "jets.selection"
-                    )
-            if cfg.targets:
-                out["targets"] = target_values(arrays, v, cfg, entries)
+            out = _jet_arrays(arrays, v, cfg, entries, rw)
             out["labels"] = labels
             out["entry"] = entries
             out["file"] = np.full(len(entries), file_number, np.int32)
@@ -399,21 +414,38 @@ def _add_sums(sums: list[dict]) -> dict[str, list[float] | int]:
                 np.sum([s[k] for s in sums], axis=0).tolist()) for k in sums[0]}  # fmt: skip
 
 
-def shard_part(
-    manifest_path: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    cfg: JetDataConfig,
-    part: int = 0,
-    parts: int = 1,
-) -> dict:
-    """Shard job `part` of `parts`: its share of every file's entries, shuffled together, into
-    shards of at most jets_per_shard per split, plus part.json (counts and feature sums)."""
+@dataclass
+class ShardJob:
+    """One shard job (`part` of `parts`): what it reads, and what it has read so far."""
+
+    cfg: JetDataConfig
+    part: int
+    parts: int
+    root: Path
+    files: list[dict]  # the manifest's ROOT files
+    v: Variables
+    branches: list[str]
+    targets: list
+    colls: list
+    rw: dict | None
+    types: dict = field(default_factory=dict)  # each branch's type, the same in every file
+    chunks: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+    per_file: dict[str, int] = field(default_factory=dict)  # selected jets
+    entries_per_file: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # jets of no class, by label
+    empties: dict[str, list[str]] = field(default_factory=dict)  # files, collections empty
+
+
+def _shard_job(manifest_path: str | os.PathLike, cfg: JetDataConfig, part: int,
+               parts: int) -> ShardJob:  # fmt: skip
+    """The job's settings checked, its files listed (each in exactly one split) and the
+    branches its features, targets, collections and weights read."""
     if cfg.on_bad_file not in ("fail", "skip"):
         raise VoxjetError(f"jets.on_bad_file {cfg.on_bad_file!r}: use fail or skip")
     if cfg.storage not in STORAGES:
         raise VoxjetError(f"jets.storage {cfg.storage!r}: use one of {', '.join(STORAGES)}")
     manifest = read_json(manifest_path)
-    root = Path(manifest["root"])
     files = [f for f in manifest["files"] if f["path"].endswith(".root")]
     if not files:
         raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
@@ -433,115 +465,131 @@ def shard_part(
     if rw is not None:
         wanted = rw["vars"] + (rw["classes"] if rw.get("by_branches") else [])
         branches += [b for b in v.branches(wanted) if b not in branches]
-    types: dict = {}
-    chunks, skipped, per_file, entries_per_file, dropped, empties = [], [], {}, {}, {}, {}
-    for number, entry in enumerate(progress(files, f"shard-jets part {part}", "file")):
-        path = root / entry["path"]
-        try:
-            if "unreadable" in entry:  # found so by the stage job
-                raise BadFile(entry["unreadable"])
-            f, tree = _open_tree(path, cfg)
-            with f:
-                _check_branches(path, tree, cfg, branches, types)
-                n = _entries(path, tree, entry)
-                if n == 0:
-                    raise BadFile(f"{path}: tree {cfg.tree!r} has 0 entries (an empty file); "
-                                  "re-make or drop it")  # fmt: skip
-                lo, hi = n * part // parts, n * (part + 1) // parts
-                data = _read_range(path, tree, v, cfg, branches, lo, hi, number, dropped,
-                                   entry["path"], rw)  # fmt: skip
-                empty = empty_in_every_jet(data, colls)
-                if empty:  # light-quark jets often have no vertex; misnamed branches neither
-                    empties[entry["path"]] = empty
-                    print(f"warning: {path}: no object of the collections {empty} in any of "
-                          f"its {sum(len(d['labels']) for d in data)} selected jets (entries "
-                          f"{lo}-{hi}); check jets.collections if that is not expected",
-                          file=sys.stderr)  # fmt: skip
-        except BadFile as e:
-            source = entry.get("source", "")
-            if source and source.removeprefix("file://") != str(path):
-                e = BadFile(f"{e} [the staged copy of your file {source}]")  # noqa: PLW2901
-            if cfg.on_bad_file == "fail":
-                raise e from e.__cause__
-            print(f"skipping: {e}", file=sys.stderr)
-            skipped.append({"file": entry["path"], "reason": str(e)})
-            continue
-        per_file[entry["path"]] = int(sum(len(c["labels"]) for c in data))
-        entries_per_file[entry["path"]] = hi - lo
-        chunks += data
+    return ShardJob(cfg, part, parts, Path(manifest["root"]), files, v, branches, targets,
+                    colls, rw)  # fmt: skip
+
+
+def _read_file(job: ShardJob, number: int, entry: dict) -> None:
+    """The job's share of one file's entries, selected and computed, kept as chunks (a bad
+    file stops the job, or is listed as skipped: jets.on_bad_file)."""
+    cfg, path = job.cfg, job.root / entry["path"]
+    try:
+        if "unreadable" in entry:  # found so by the stage job
+            raise BadFile(entry["unreadable"])
+        f, tree = _open_tree(path, cfg)
+        with f:
+            _check_branches(path, tree, cfg, job.branches, job.types)
+            n = _entries(path, tree, entry)
+            if n == 0:
+                raise BadFile(f"{path}: tree {cfg.tree!r} has 0 entries (an empty file); "
+                              "re-make or drop it")  # fmt: skip
+            lo, hi = n * job.part // job.parts, n * (job.part + 1) // job.parts
+            data = _read_range(path, tree, job.v, cfg, job.branches, lo, hi, number,
+                               job.dropped, entry["path"], job.rw)  # fmt: skip
+            empty = empty_in_every_jet(data, job.colls)
+            if empty:  # light-quark jets often have no vertex; misnamed branches neither
+                job.empties[entry["path"]] = empty
+                print(f"warning: {path}: no object of the collections {empty} in any of its "
+                      f"{sum(len(d['labels']) for d in data)} selected jets (entries "
+                      f"{lo}-{hi}); check jets.collections if that is not expected",
+                      file=sys.stderr)  # fmt: skip
+    except BadFile as e:
+        source = entry.get("source", "")
+        if source and source.removeprefix("file://") != str(path):
+            e = BadFile(f"{e} [the staged copy of your file {source}]")  # noqa: PLW2901
+        if cfg.on_bad_file == "fail":
+            raise e from e.__cause__
+        print(f"skipping: {e}", file=sys.stderr)
+        job.skipped.append({"file": entry["path"], "reason": str(e)})
+        return
+    job.per_file[entry["path"]] = int(sum(len(c["labels"]) for c in data))
+    job.entries_per_file[entry["path"]] = hi - lo
+    job.chunks += data
+
+
+def _write_splits(job: ShardJob, tmp: Path) -> dict:
+    """The chunks' jets shuffled together into each split's shards (taken straight from the
+    chunks: no joined copy of everything); the part's summary: counts, training-split sums,
+    the reweighting plane's counts, a sample for weaver's `auto` standardisation."""
+    cfg, rw, colls = job.cfg, job.rw, job.colls
     classes = class_names(cfg.labels)
-    # each shard takes its jets straight from the chunks read: no joined copy of everything
-    keys = (
-        *SHARD_KEYS,
-        "offsets",
-        "split",
-        *(("reweight",) if rw is not None else ()),
-        *(("targets",) if targets else ()),
-        *(k for c in colls for k in (c.key, c.count_key)),
-    )
-    chunks = [{k: c[k] for k in keys} for c in chunks]
+    keys = (*SHARD_KEYS, "offsets", "split", *(("reweight",) if rw is not None else ()),
+            *(("targets",) if job.targets else ()),
+            *(k for c in colls for k in (c.key, c.count_key)))  # fmt: skip
+    chunks = [{k: c[k] for k in keys} for c in job.chunks]
     none = [np.zeros(0, np.int64)]
     chunk_of = np.repeat(np.arange(len(chunks)), [len(c["labels"]) for c in chunks])
     row_in = np.concatenate([np.arange(len(c["labels"])) for c in chunks] or none)
     split_code = np.concatenate([c.pop("split") for c in chunks] or none)
     all_labels = np.concatenate([c["labels"] for c in chunks] or none)
-    order = np.random.default_rng([cfg.seed, part]).permutation(len(split_code))
-    summary: dict = {"part": part, "parts": parts, "selected_per_file": per_file,
-                     "entries_per_file": entries_per_file, "dropped_labels": dropped,
-                     "skipped": skipped, "splits": {}, "empty_collections": empties,
-                     "source_files": [f["path"] for f in files]}  # fmt: skip
+    order = np.random.default_rng([cfg.seed, job.part]).permutation(len(split_code))
+    summary: dict = {"part": job.part, "parts": job.parts, "selected_per_file": job.per_file,
+                     "entries_per_file": job.entries_per_file, "dropped_labels": job.dropped,
+                     "skipped": job.skipped, "splits": {}, "empty_collections": job.empties,
+                     "source_files": [f["path"] for f in job.files]}  # fmt: skip
     auto = auto_variables(cfg.weaver_inputs)
-    sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, order[split_code[order] == 0], part)
+    train_rows = order[split_code[order] == 0]
+    sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, train_rows, job.part)
     plane = None
     if rw is not None and not rw["precomputed"]:
         plane = reweight.empty_counts(rw, len(classes))
+    for code, split in enumerate(SPLITS):
+        rows = order[split_code[order] == code]
+        shards, sums = [], []
+        for i, start in enumerate(range(0, len(rows), cfg.jets_per_shard)):
+            name = f"{split}_{i:03d}.h5"
+            mine = rows[start : start + cfg.jets_per_shard]
+            piece = take_from_chunks(chunks, chunk_of[mine], row_in[mine])
+            _write_shard(tmp / name, piece, cfg)
+            # its size spares a reader at a URL one request a file (fsspec's size())
+            size = (tmp / name).stat().st_size
+            shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
+            if split == "train":
+                sums.append(_sums(piece, colls))
+                sample.add(piece)
+                if plane is not None:  # the reweighting plane's counts, for the index job
+                    plane += reweight.histograms(piece["reweight"], piece["labels"], rw,
+                                                 len(classes))  # fmt: skip
+        hist = np.bincount(all_labels[rows], minlength=len(classes)).tolist()
+        summary["splits"][split] = {
+            "jets": int(len(rows)),
+            "shards": shards,
+            "class_counts": dict(zip(classes, hist, strict=True)),
+            **({"sums": _add_sums(sums)} if sums else {}),
+        }
+    if plane is not None:
+        summary["reweight_counts"] = plane.tolist()
+    if auto:
+        summary["auto_sample"] = sample.save(tmp / AUTO_SAMPLE_FILE)
+    return summary
+
+
+def shard_part(
+    manifest_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    cfg: JetDataConfig,
+    part: int = 0,
+    parts: int = 1,
+) -> dict:
+    """Shard job `part` of `parts`: its share of every file's entries, shuffled together, into
+    shards of at most jets_per_shard per split, plus part.json (counts and feature sums)."""
+    job = _shard_job(manifest_path, cfg, part, parts)
+    for number, entry in enumerate(progress(job.files, f"shard-jets part {part}", "file")):
+        _read_file(job, number, entry)
     with atomic_path(out_dir, directory=True) as tmp:
-        for code, split in ((0, "train"), (1, "val"), (2, "test")):
-            rows = order[split_code[order] == code]
-            shards, sums = [], []
-            for i, start in enumerate(range(0, len(rows), cfg.jets_per_shard)):
-                name = f"{split}_{i:03d}.h5"
-                mine = rows[start : start + cfg.jets_per_shard]
-                piece = take_from_chunks(chunks, chunk_of[mine], row_in[mine])
-                _write_shard(tmp / name, piece, cfg)
-                # its size spares a reader at a URL one request a file (fsspec's size())
-                size = (tmp / name).stat().st_size
-                shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
-                if split == "train":
-                    sums.append(_sums(piece, colls))
-                    sample.add(piece)
-                    if plane is not None:  # the reweighting plane's counts, for the index job
-                        plane += reweight.histograms(piece["reweight"], piece["labels"], rw,
-                                                     len(classes))  # fmt: skip
-            labels = all_labels[rows]
-            hist = np.bincount(labels, minlength=len(classes)).tolist()
-            summary["splits"][split] = {
-                "jets": int(len(rows)),
-                "shards": shards,
-                "class_counts": dict(zip(classes, hist, strict=True)),
-                **({"sums": _add_sums(sums)} if sums else {}),
-            }
-        if plane is not None:
-            summary["reweight_counts"] = plane.tolist()
-        if auto:
-            summary["auto_sample"] = sample.save(tmp / AUTO_SAMPLE_FILE)
+        summary = _write_splits(job, tmp)
         (tmp / "part.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def index_shards(
-    part_dirs: list[str | os.PathLike], out: str | os.PathLike, cfg: JetDataConfig
-) -> dict:
-    """index.json beside the part folders: every shard, counts, class histograms, skipped files
-    and the training split's per-feature mean/std (from the parts' sums)."""
-    out = Path(out)
-    parts = [(Path(d), read_json(Path(d) / "part.json")) for d in part_dirs]
-    classes = class_names(cfg.labels)
-    index: dict = {
+def _index_of(parts: list[tuple[Path, dict]], cfg: JetDataConfig) -> dict:
+    """What index.json says of the config and of every part: the classes, features, targets
+    and collections, what was skipped or dropped, the source files."""
+    return {
         "format_version": FORMAT_VERSION,
         "config_hash": cfg.hash(),
         "config": cfg.record(),
-        "classes": classes,
+        "classes": class_names(cfg.labels),
         "background": cfg.background_class,
         "particle_features": cfg.particle_features,
         "jet_features": cfg.jet_features,
@@ -559,22 +607,31 @@ def index_shards(
         "source_files": parts[0][1].get("source_files", []),
         "splits": {},
     }
-    if any(p.get("source_files") != index["source_files"] for _, p in parts):
-        raise VoxjetError(f"{[str(d) for d, _ in parts]}: the parts were made from different "
-                          "file lists; rerun the shard stage")  # fmt: skip
+
+
+def _check_selected(parts: list[tuple[Path, dict]], cfg: JetDataConfig) -> None:
+    """A file none of whose jets passes the selection with a label stops the job (or is
+    warned about: on_bad_file: skip)."""
     per_file: dict[str, int] = {}
     for _, p in parts:
         for name, count in p["selected_per_file"].items():
             per_file[name] = per_file.get(name, 0) + count
     empty = sorted(name for name, c in per_file.items() if c == 0)
-    if empty:
-        msg = (
-            f"{empty}: no jet passes the selection {cfg.selection!r} with a label; "
-            "check jets.selection and jets.labels"
-        )
-        if cfg.on_bad_file == "fail":
-            raise VoxjetError(msg)
-        print(f"warning: {msg}", file=sys.stderr)
+    if not empty:
+        return
+    msg = (
+        f"{empty}: no jet passes the selection {cfg.selection!r} with a label; "
+        "check jets.selection and jets.labels"
+    )
+    if cfg.on_bad_file == "fail":
+        raise VoxjetError(msg)
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def _gather_splits(index: dict, parts: list[tuple[Path, dict]]) -> None:
+    """Each split's shards and class counts over the parts; a class without any jet, or an
+    empty training split, stops the job."""
+    classes = index["classes"]
     for split in SPLITS:
         shards, counts = [], np.zeros(len(classes), np.int64)
         for d, p in parts:
@@ -601,11 +658,10 @@ def index_shards(
             "the training split is empty (no selected, labelled jet): check the files, "
             "jets.selection and jets.labels, or lower val_fraction/test_fraction"
         )
-    if auto_variables(cfg.weaver_inputs):
-        index["weaver_inputs"] = _auto_inputs(parts, cfg.weaver_inputs)
-    rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
-    if rw is not None:
-        index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
+
+
+def _standardisation(index: dict, parts: list[tuple[Path, dict]], cfg: JetDataConfig) -> None:
+    """Each input's mean and std over the training split (from the parts' sums)."""
     sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
     colls = parse_collections(cfg.collections)
     kinds = ("particles", "jets", *(("targets",) if cfg.targets else ()), *(c.key for c in colls))
@@ -618,7 +674,27 @@ def index_shards(
         key = kind if kind.startswith("coll_") else kind.removesuffix("s")
         index[f"{key}_mean"] = np.atleast_1d(mean).tolist()
         index[f"{key}_std"] = np.where(np.atleast_1d(std) > 1e-6, std, 1.0).tolist()
-    with atomic_path(out) as tmp:
+
+
+def index_shards(
+    part_dirs: list[str | os.PathLike], out: str | os.PathLike, cfg: JetDataConfig
+) -> dict:
+    """index.json beside the part folders: every shard, counts, class histograms, skipped files
+    and the training split's per-feature mean/std (from the parts' sums)."""
+    parts = [(Path(d), read_json(Path(d) / "part.json")) for d in part_dirs]
+    index = _index_of(parts, cfg)
+    if any(p.get("source_files") != index["source_files"] for _, p in parts):
+        raise VoxjetError(f"{[str(d) for d, _ in parts]}: the parts were made from different "
+                          "file lists; rerun the shard stage")  # fmt: skip
+    _check_selected(parts, cfg)
+    _gather_splits(index, parts)
+    if auto_variables(cfg.weaver_inputs):
+        index["weaver_inputs"] = _auto_inputs(parts, cfg.weaver_inputs)
+    rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
+    if rw is not None:
+        index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
+    _standardisation(index, parts, cfg)
+    with atomic_path(Path(out)) as tmp:
         tmp.write_text(json.dumps(index, indent=2) + "\n")
     return index
 

@@ -43,14 +43,17 @@ def _var_params(
             "pad_value": pad, "length": length, "pad_mode": pad_mode}  # fmt: skip
 
 
-def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
-    """The jets settings a weaver data config means: {labels, particle_features, jet_features,
-    new_variables, selection, sort_by, max_particles, tree, weaver_inputs}."""
+WEAVER_KEYS = {"treename", "selection", "test_time_selection", "new_variables", "preprocess",
+               "inputs", "labels", "observers", "monitor_variables", "weights", "branch_magic",
+               "file_magic", "bucketing"}  # fmt: skip
+
+
+def _check_document(doc: Any, where: str) -> str:
+    """A weaver data config voxjet reads: its keys weaver's, nothing it does not support, one-hot
+    or custom labels; returns the preprocessing method (manual or auto)."""
     if not isinstance(doc, dict):
         raise VoxjetError(f"{where}: not a weaver data config (a YAML mapping)")
-    unknown = set(doc) - {"treename", "selection", "test_time_selection", "new_variables",
-                          "preprocess", "inputs", "labels", "observers", "monitor_variables",
-                          "weights", "branch_magic", "file_magic", "bucketing"}  # fmt: skip
+    unknown = set(doc) - WEAVER_KEYS
     if unknown:
         raise VoxjetError(f"{where}: keys {sorted(unknown)} are not weaver data-config keys")
     for key in ("branch_magic", "file_magic", "bucketing"):
@@ -60,15 +63,20 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
     if method not in ("manual", "auto"):
         raise VoxjetError(f"{where}: preprocess.method {method!r}: manual or auto")
     labels = doc.get("labels") or {}
-    custom = is_custom(doc)
-    if not custom and (labels.get("type") != "simple" or not isinstance(labels.get("value"), list)):
+    if not is_custom(doc) and (
+        labels.get("type") != "simple" or not isinstance(labels.get("value"), list)
+    ):
         raise VoxjetError(
             f"{where}: labels of type {labels.get('type')!r}: voxjet reads one-hot label "
             "branches (labels: {type: simple, value: [label_A, label_B, ...]}) or regression "
             "targets (labels: {type: custom, value: {name: expression}})"
         )
+    return method
+
+
+def _input_groups(doc: dict[str, Any], where: str, auto: bool) -> dict[str, dict[str, Any]]:
+    """weaver's `inputs:` as groups: length, pad mode and each variable's standardisation."""
     groups: dict[str, dict[str, Any]] = {}
-    features: list[str] = []
     for group, spec in (doc.get("inputs") or {}).items():
         length = spec.get("length")
         if not isinstance(length, int) or length < 1:
@@ -79,7 +87,7 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
             raise VoxjetError(f"{where}: inputs.{group}.pad_mode {pad_mode!r}: one of {PAD_MODES}")
         if group.endswith("_mask") and pad_mode != "constant":
             raise VoxjetError(f"{where}: inputs.{group}: a mask is padded with constant")
-        params = [_var_params(v, group, length, pad_mode, where, method == "auto")
+        params = [_var_params(v, group, length, pad_mode, where, auto)
                   for v in spec.get("vars", [])]  # fmt: skip
         if not params:
             raise VoxjetError(f"{where}: inputs.{group} has no vars")
@@ -87,10 +95,13 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
                          "collection": None}  # fmt: skip
     if not groups:
         raise VoxjetError(f"{where}: no inputs")
-    collections = _collections(groups, where)
-    main = next(iter(collections))
-    for group in collections[main]:
-        features += [p["name"] for p in groups[group]["vars"] if p["name"] not in features]
+    return groups
+
+
+def _other_collections(groups: dict[str, Any], collections: dict[str, list[str]],
+                       where: str) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The collections beside the particles' (CMS's sv_*): each one's features and length,
+    its groups marked with it; `auto` standardisation refused there."""
     extra = {}
     for name, members in list(collections.items())[1:]:
         feats: list[str] = []
@@ -104,6 +115,21 @@ def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
             raise VoxjetError(f"{where}: inputs {members}: the automatic standardisation of "
                               f"{auto} is computed for the particle groups only; give these "
                               "variables a centre and scale (as CMS's ak8 configs do)")  # fmt: skip
+    return extra
+
+
+def translate(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The jets settings a weaver data config means: {labels, particle_features, jet_features,
+    new_variables, selection, sort_by, max_particles, tree, weaver_inputs}."""
+    method = _check_document(doc, where)
+    labels, custom = doc.get("labels") or {}, is_custom(doc)
+    groups = _input_groups(doc, where, method == "auto")
+    collections = _collections(groups, where)
+    main = next(iter(collections))
+    features: list[str] = []
+    for group in collections[main]:
+        features += [p["name"] for p in groups[group]["vars"] if p["name"] not in features]
+    extra = _other_collections(groups, collections, where)
     new = {k: str(v) for k, v in (doc.get("new_variables") or {}).items() if k != v}
     observers = list(doc.get("observers") or []) + list(doc.get("monitor_variables") or [])
     out: dict[str, Any] = {

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import fsspec
@@ -190,6 +190,91 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
         raise VoxjetError(f"{path}: not a readable ROOT file ({e})") from e
 
 
+@dataclass
+class Staging:
+    """One staging: where files go, what they must match (a user's checksums, the previous
+    manifest, the ledger of what was verified), and the files copied so far."""
+
+    dest: Path
+    expected: dict[str, str]
+    previous: dict[str, dict]
+    ledger: Ledger
+    tree: str | None
+    on_bad_file: str
+    retries: int
+    backoff: float
+    copied: list[str] = field(default_factory=list)
+
+    def _verified(self, src: SourceFile, target: Path, algorithm: str) -> str | None:
+        """The digest of a target already in place and equal to its source (the ledger's, or
+        checked against a known checksum), else None."""
+        want = self.expected.get(src.relpath)
+        digest = self.ledger.unchanged(src, target, algorithm)
+        if digest is not None and want is not None and digest != want:
+            digest = None  # verified against another expectation: check again
+        fresh = not self.ledger.source_changed(src)  # a changed source is copied again
+        if digest is None and fresh and target.is_file() and target.stat().st_size == src.size:
+            prev = self.previous.get(src.relpath) or {}
+            known = want or prev.get("checksum", {}).get(algorithm) or self.ledger.checksum(src)
+            if known is not None:
+                got = checksum_file(str(target), algorithm)
+                digest = got if got == known else None
+        return digest
+
+    def one(self, src: SourceFile) -> dict:
+        """Stage one file (copied only when not already verified in place); its record."""
+        target = self.dest / src.relpath
+        algorithm = algorithm_for(src.relpath)
+        digest = self._verified(src, target, algorithm)
+        if digest is None:
+            digest = _copy_verified(src, target, self.expected.get(src.relpath), self.retries,
+                                    self.backoff)  # fmt: skip
+            self.copied.append(src.relpath)
+        self.ledger.record(src, target, algorithm, digest)
+        record = {"path": src.relpath, "source": src.url, "size": src.size,
+                  "checksum": {algorithm: digest}}  # fmt: skip
+        try:
+            entries = _root_entries(target, self.tree)
+        except VoxjetError as e:
+            if self.on_bad_file != "skip":
+                raise
+            print(f"warning: {e} (staged; the shard job skips it)", file=sys.stderr)
+            record["unreadable"] = str(e)
+            return record
+        if entries is not None:
+            record["entries"] = entries
+        return record
+
+
+def _listed(source: str, dest: Path, file_list: str | None,
+            patterns: list[str]) -> list[SourceFile]:  # fmt: skip
+    """The files to stage (a source's, or a file list's), none of them inside `dest`."""
+    if file_list:
+        files = list_from_file(file_list, patterns)
+        refuse_overlap(dest, [f.url for f in files], "stage", "--dest")
+        return files
+    refuse_overlap(dest, [source], "stage", "--dest")
+    return list_sources(source, patterns)[1]
+
+
+def _stage_all(files: list[SourceFile], staging: Staging, workers: int) -> list[dict]:
+    """Every file staged, `workers` at a time; the records sorted by path."""
+    records = []
+    bar = Progress(len(files), f"stage {staging.dest.name}", "file")
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(staging.one, f): f for f in files}
+            for fut in as_completed(futures):
+                records.append(fut.result())
+                bar.update(1)
+    finally:
+        staging.ledger.save()  # what was verified survives a failure or a kill of the rest
+        bar.close()
+    print(f"stage: {len(staging.copied)} of {len(files)} files copied, the rest already "
+          "verified", file=sys.stderr)  # fmt: skip
+    return sorted(records, key=lambda r: r["path"])
+
+
 def stage(
     source: str,
     dest: str | os.PathLike,
@@ -211,72 +296,13 @@ def stage(
     (`on_duplicate` "skip": the first by name is kept; "ignore": no check, for volumes, whose
     planning compares cases instead)."""
     dest = Path(dest)
-    if file_list:
-        files = list_from_file(file_list, patterns or ["*"])
-        refuse_overlap(dest, [f.url for f in files], "stage", "--dest")
-    else:
-        refuse_overlap(dest, [source], "stage", "--dest")
-        _, files = list_sources(source, patterns or ["*"])
+    files = _listed(source, dest, file_list, patterns or ["*"])
     previous = {}
     if Path(manifest_path).is_file():
         previous = {f["path"]: f for f in read_json(manifest_path).get("files", [])}
-    expected = expected or {}
-    ledger = Ledger(dest / LEDGER)
-    copied: list[str] = []
-
-    def one(src: SourceFile) -> dict:
-        target = dest / src.relpath
-        algorithm = algorithm_for(src.relpath)
-        want = expected.get(src.relpath)
-        digest = ledger.unchanged(src, target, algorithm)
-        if digest is not None and want is not None and digest != want:
-            digest = None  # verified against another expectation: check again
-        fresh = not ledger.source_changed(src)  # a changed source is copied again
-        if digest is None and fresh and target.is_file() and target.stat().st_size == src.size:
-            prev = previous.get(src.relpath) or {}
-            known = want or prev.get("checksum", {}).get(algorithm) or ledger.checksum(src)
-            if known is not None:
-                got = checksum_file(str(target), algorithm)
-                digest = got if got == known else None
-        if digest is None:
-            digest = _copy_verified(src, target, want, retries, backoff)
-            copied.append(src.relpath)
-        ledger.record(src, target, algorithm, digest)
-        record = {
-            "path": src.relpath,
-            "source": src.url,
-            "size": src.size,
-            "checksum": {algorithm: digest},
-        }
-        try:
-            entries = _root_entries(target, tree)
-        except VoxjetError as e:
-            if on_bad_file != "skip":
-                raise
-            print(f"warning: {e} (staged; the shard job skips it)", file=sys.stderr)
-            record["unreadable"] = str(e)
-            return record
-        if entries is not None:
-            record["entries"] = entries
-        return record
-
-    records = []
-    bar = Progress(len(files), f"stage {Path(dest).name}", "file")
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(one, f): f for f in files}
-            for fut in as_completed(futures):
-                records.append(fut.result())
-                bar.update(1)
-    finally:
-        ledger.save()  # what was verified survives a failure or a kill of the rest
-        bar.close()
-    print(
-        f"stage: {len(copied)} of {len(files)} files copied, the rest already verified",
-        file=sys.stderr,
-    )
-    records.sort(key=lambda r: r["path"])
-    records, duplicates = drop_duplicates(records, on_duplicate)
+    staging = Staging(dest, expected or {}, previous, Ledger(dest / LEDGER), tree, on_bad_file,
+                      retries, backoff)  # fmt: skip
+    records, duplicates = drop_duplicates(_stage_all(files, staging, workers), on_duplicate)
     manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
     if duplicates:
         manifest["duplicates"] = duplicates

@@ -21,7 +21,8 @@ from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.jets.train import JetTask
 from voxjet.stage.transfer import stage
 from voxjet.training.logger import read_metrics
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 
 MODELS = {
     "pfn": {"name": "pfn", "phi_sizes": [64, 64, 64], "f_sizes": [64, 64]},

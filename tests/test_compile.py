@@ -12,7 +12,8 @@ from voxjet.distributed.runtime import init_runtime
 from voxjet.jets.models import build_model
 from voxjet.jets.train import JetTask
 from voxjet.training.compiled import compile_wanted
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 from voxjet.volumes.models import build_seg_model
 
 pytestmark = pytest.mark.slow  # inductor compiles each model with the C++ compiler

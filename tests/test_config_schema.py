@@ -16,7 +16,7 @@ from voxjet.io.remote import ReadOptions
 from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.synth import ToyJetsConfig
 from voxjet.planner.plan import Site
-from voxjet.training.loop import TrainSettings
+from voxjet.training.task import TrainSettings
 from voxjet.volumes.settings import VolumePrepConfig
 from voxjet.volumes.synth import ToyVolumesConfig
 

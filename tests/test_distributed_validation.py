@@ -11,7 +11,7 @@ from conftest import BIN, snakemake_env
 
 from voxjet.distributed.runtime import init_runtime
 from voxjet.jets.train import JetTask
-from voxjet.training.loop import TrainSettings
+from voxjet.training.task import TrainSettings
 
 
 def test_two_ranks_validate_their_shares_to_the_single_process_metrics(shards, tmp_path):

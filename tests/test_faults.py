@@ -186,7 +186,8 @@ def test_torn_metrics_line_resumes_and_a_garbage_line_names_file_and_line(shards
     from voxjet.jets.train import JetTask
     from voxjet.report.aggregate import aggregate
     from voxjet.report.runs import RunInfo
-    from voxjet.training.loop import TrainSettings, train
+    from voxjet.training.loop import train
+    from voxjet.training.task import TrainSettings
 
     def go(steps: int) -> None:
         s = TrainSettings(steps=steps, batch_size=32, log_every=5, checkpoint_every=10,

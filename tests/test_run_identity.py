@@ -16,7 +16,8 @@ from conftest import BIN, snakemake_env
 from voxjet.distributed.runtime import init_runtime
 from voxjet.jets.train import JetTask
 from voxjet.training.logger import read_metrics
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 
 MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
 BASE = {"batch_size": 32, "lr": 3e-3, "warmup_steps": 4, "log_every": 5, "eval_every": 10,

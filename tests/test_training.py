@@ -16,7 +16,8 @@ from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
 from voxjet.distributed.runtime import init_runtime
 from voxjet.jets.train import JetTask, run
 from voxjet.training.logger import read_metrics
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 
 MODEL = {"name": "pfn", "phi_sizes": [16, 16], "f_sizes": [16]}
 

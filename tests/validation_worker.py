@@ -9,7 +9,7 @@ import torch
 
 from voxjet.distributed.runtime import init_runtime, shutdown
 from voxjet.jets.train import JetTask
-from voxjet.training.loop import TrainSettings
+from voxjet.training.task import TrainSettings
 
 
 def main(shards: str, out: str) -> None:

@@ -32,7 +32,8 @@ from voxjet.jets.targets import (
     target_loss,
     target_metrics,
 )
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ from voxjet.planner.model import (
     predict_pipeline_step,
     predict_step,
 )
-from voxjet.training.loop import _epochs, make_optimizer
+from voxjet.training.task import epochs, make_optimizer
 from voxjet.volumes.train import make_task as seg_task
 
 
@@ -142,7 +142,7 @@ class _Stepper:
         self.model.train()
         self.opt = make_optimizer(self.model.parameters(), s, s.lr)
         feed = DeviceFeed(self.device, getattr(task, "device_keys", None))
-        self.batches = feed(prefetch((b for b in _epochs(task, 0, 0, rt) if b is not None),
+        self.batches = feed(prefetch((b for b in epochs(task, 0, 0, rt) if b is not None),
                                      s.prefetch))  # fmt: skip
         self.on_device = getattr(task, "on_device", None)
         self.items = 0

@@ -23,7 +23,8 @@ from voxjet.errors import VoxjetError
 from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
-from voxjet.training.loop import TrainSettings, train
+from voxjet.training.loop import train
+from voxjet.training.task import TrainSettings
 from voxjet.volumes.augment import augment_batch, params_of
 from voxjet.volumes.cascade import PreviousStage
 from voxjet.volumes.inference import predict_case

@@ -67,6 +67,7 @@ dryrun: venv
 lint: dev-venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports
 	$(RUN) $(BIN)/snakemake --lint
 
 # the whole suite (CI: .ci/run); `make test-fast` leaves out the end-to-end runs (marker slow).

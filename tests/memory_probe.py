@@ -1,5 +1,5 @@
 """Memory a training step of a segmentation network takes on CPU, measured in a fresh process:
-what the planner's estimate (voxjet.volumes.planning.estimate_bytes) is tested against."""
+what the planner's estimate (voxjet.volumes.plan.memory.estimate_bytes) is tested against."""
 
 from __future__ import annotations
 

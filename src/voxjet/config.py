@@ -475,19 +475,13 @@ def expand_runs(config: Mapping[str, Any]) -> dict[str, Run]:
     runs: dict[str, Run] = {}
     for name, exp in config.get("experiments", {}).items():
         domain = config["datasets"][exp["dataset"]]["domain"]
-        for run in _sweep_runs(name, exp, domain):
+        for run in [*_sweep_runs(name, exp, domain), *scaling_runs(name, exp, domain)]:
             if run.run_id in runs:
-                raise VoxjetError(
-                    f"experiments.{name}: two runs would be named {run.run_id!r}; give the "
-                    "sweep values that differ only in punctuation distinct names"
-                )
-            runs[run.run_id] = run
-        for run in scaling_runs(name, exp, domain):
-            if run.run_id in runs:
-                raise VoxjetError(
-                    f"experiments.{name}: a sweep run is named {run.run_id!r} like a scaling "
-                    "run; rename the experiment's sweep values"
-                )
+                why = ("a sweep run is named {!r} like a scaling run; rename the experiment's "
+                       "sweep values" if run.role == "scaling" else "two runs would be named "
+                       "{!r}; give the sweep values that differ only in punctuation distinct "
+                       "names")  # fmt: skip
+                raise VoxjetError(f"experiments.{name}: " + why.format(run.run_id))
             runs[run.run_id] = run
     return runs
 

@@ -49,13 +49,17 @@ def _probs(labels: np.ndarray, confidence: np.ndarray) -> np.ndarray:
 
 
 def _hand_dice(pred: np.ndarray, ref: np.ndarray) -> dict[int, float]:
-    return {c: 2 * ((pred == c) & (ref == c)).sum() / ((pred == c).sum() + (ref == c).sum())
-            for c in (1, 2) if (ref == c).any()}  # fmt: skip
+    """nnU-Net's Dice a class: NaN only where both are empty (a false positive scores 0)."""
+    out = {}
+    for c in (1, 2):
+        both = (pred == c).sum() + (ref == c).sum()
+        out[c] = 2 * ((pred == c) & (ref == c)).sum() / both if both else float("nan")
+    return out
 
 
 def _hand_score(maps: dict, refs: dict) -> tuple[dict[int, float], float]:
     per = [_hand_dice(maps[c], refs[c]) for c in refs]
-    cls = {k: float(np.mean([d[k] for d in per if k in d])) for k in (1, 2)}
+    cls = {k: float(np.nanmean([d[k] for d in per])) for k in (1, 2)}
     return cls, float(np.mean(list(cls.values())))
 
 

@@ -23,7 +23,7 @@ from voxjet.volumes.figures import overlays
 from voxjet.volumes.geometry import labels_to_original, probs_to_original
 from voxjet.volumes.images import save_nifti
 from voxjet.volumes.inference import predict_probs, to_labels
-from voxjet.volumes.metrics import seg_metrics
+from voxjet.volumes.metrics import class_summary, diagonal_mm, mean_of, nanmean, seg_metrics
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.probabilities import PROBABILITIES, save_probabilities
@@ -43,8 +43,12 @@ def score_case(f, pred: np.ndarray, plan: Plan) -> tuple[np.ndarray, dict]:
         reference = f["original_label"][...]
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         raise corrupt_error(f.filename, "the original label", "preprocess_case", e) from e
-    voxel = [float(v) for v in f.attrs["original_voxel_size"]]
-    return original, seg_metrics(original, reference, plan.label_set, voxel)
+    return original, seg_metrics(original, reference, plan.label_set, original_voxel_size(f))
+
+
+def original_voxel_size(f) -> list[float]:
+    """A case file's voxel sizes along its original array's axes (mm)."""
+    return [float(v) for v in f.attrs["original_voxel_size"]]
 
 
 @dataclass
@@ -62,6 +66,7 @@ class Evaluation:
     store: CaseStore
     stage: PreviousStage | None = None
     per_case: dict[str, dict] = field(default_factory=dict)
+    diagonals: dict[str, float] = field(default_factory=dict)  # each case's image, in mm
     shown: list[tuple] = field(default_factory=list)  # (case, image, label, prediction)
 
 
@@ -151,50 +156,47 @@ def evaluate_case(ev: Evaluation, cid: str, rt: Runtime, overlap: float, mirror:
         save_probabilities(ev.out / PROBABILITIES, cid,
                            probs_to_original(probs.numpy(), f.attrs, background))  # fmt: skip
     original, ev.per_case[cid] = score_case(f, pred, ev.plan)
+    ev.diagonals[cid] = diagonal_mm(f.attrs["original_shape"], original_voxel_size(f))
     save_nifti(ev.out / "predictions" / f"{cid}.nii.gz", original,
                 np.asarray(f.attrs["original_affine"]))  # fmt: skip
     if len(ev.shown) < OVERLAY_CASES:
         ev.shown.append((cid, image, label, pred))
 
 
-def class_summary(per_case: dict[str, dict]) -> dict[str, dict]:
-    """Each class's mean Dice and HD95 over the cases that have it."""
-    mean = {}
-    for name in next(iter(per_case.values())):
-        vals = [m[name] for m in per_case.values() if m[name]["present"]]
-        dice = [v["dice"] for v in vals]
-        hd = [v["hd95"] for v in vals if np.isfinite(v["hd95"])]
-        mean[name] = {
-            "dice": float(np.mean(dice)) if dice else float("nan"),
-            "hd95": float(np.mean(hd)) if hd else float("nan"),
-            "cases": len(vals),
-        }
-    return mean
-
-
 def write_metrics(ev: Evaluation, rt: Runtime, split: str, overlap: float,
                   mirror: bool) -> dict:  # fmt: skip
     """Every rank's cases gathered; metrics.json and overlays.png by the main process."""
-    per_case = ev.per_case
+    per_case, diagonals = ev.per_case, ev.diagonals
     if rt.distributed:
         parts = [None] * rt.world_size
-        dist.all_gather_object(parts, per_case)
-        per_case = {cid: m for part in parts for cid, m in part.items()}
+        dist.all_gather_object(parts, (per_case, diagonals))
+        per_case = {cid: m for part in parts for cid, m in part[0].items()}
+        diagonals = {cid: d for part in parts for cid, d in part[1].items()}
     if not rt.is_main:
         return {}
     per_case = {cid: per_case[cid] for cid in ev.cases}  # the split's order
-    mean = class_summary(per_case)
-    dices = [v["dice"] for v in mean.values() if np.isfinite(v["dice"])]
-    hds = [v["hd95"] for v in mean.values() if np.isfinite(v["hd95"])]
+    per_class = class_summary(per_case, diagonals)
     metrics = {
         "domain": "volumes",
         "split": split,
         "space": "original",  # each case's own grid and voxel sizes, its own label
         "n_cases": len(ev.cases),
-        "dice_mean": float(np.mean(dices)) if dices else float("nan"),
-        "hd95_mean": float(np.mean(hds)) if hds else float("nan"),
-        "per_class": mean,
+        # nnU-Net's: Dice a class the nanmean over cases, then the mean over classes
+        "dice_mean": mean_of({c: v["dice"] for c, v in per_class.items()}),
+        # BraTS's: a missed or falsely detected structure counts the image's diagonal
+        "hd95_mean": nanmean(v["hd95"] for v in per_class.values()),
+        "misses": sum(v["misses"] for v in per_class.values()),
+        "false_detections": sum(v["false_detections"] for v in per_class.values()),
+        "conventions": {
+            "dice": "nnU-Net: 2tp/(2tp+fp+fn) a case, NaN only where reference and prediction "
+            "are both empty; a class's mean over the cases where it is finite; dice_mean over "
+            "classes",
+            "hd95": "BraTS: a missed or falsely detected structure scores the case's image "
+            "diagonal (mm); cases where both are empty left out; hd95_mean over classes",
+        },
+        "per_class": per_class,
         "per_case": per_case,
+        "case_diagonal_mm": diagonals,
         "best_step": ev.saved["best_step"],
         "inference": {"overlap": overlap, "mirror": mirror, "patch_size": ev.plan.patch_size},
     }

@@ -28,7 +28,7 @@ from voxjet.training.task import TrainSettings
 from voxjet.volumes.augment import augment_batch, params_of
 from voxjet.volumes.cascade import PreviousStage
 from voxjet.volumes.inference import predict_case
-from voxjet.volumes.metrics import class_means, mean_of, seg_metrics
+from voxjet.volumes.metrics import class_means, dice, mean_of, nanmean
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import PatchBatches, PatchSampler
 from voxjet.volumes.plan.memory import estimate_bytes
@@ -225,7 +225,8 @@ class SegTask:
 
     def validate(self, model: nn.Module, device: torch.device, rt: Runtime) -> dict[str, float]:
         """Each rank predicts its share of the validation cases (case i on rank i mod world);
-        the per-case Dice values are gathered and every rank averages them the same way."""
+        the per-case Dice values are gathered and every rank averages them the same way (a
+        class's nanmean over the cases, then the mean over classes: nnU-Net's)."""
         mine = {}
         for cid in self.val_store.case_ids[rt.rank :: rt.world_size]:
             f = self.val_store.file(cid)
@@ -234,18 +235,18 @@ class SegTask:
                 image = self.previous.with_image(image, cid, f.attrs)
             pred = predict_case(model, image, self.plan.patch_size, device,
                                 classes=self.plan.label_set)  # fmt: skip
-            mine[cid] = {
-                c: m["dice"]
-                for c, m in seg_metrics(pred, label, self.plan.label_set).items()
-                if m["present"]
-            }
+            # nnU-Net's Dice: a false positive on a case without the class counts 0
+            mine[cid] = dice(pred, label, self.plan.label_set)
         parts = [mine]
         if rt.distributed:
             parts = [None] * rt.world_size
             dist.all_gather_object(parts, mine)
         cases = {cid: d for part in parts for cid, d in part.items()}
         per = {f"dice_{c}": v for c, v in class_means(dict(sorted(cases.items()))).items()}
-        score = mean_of(per)
+        # a class no validation case has, in reference or prediction, has no Dice: the
+        # score (what picks the best checkpoint) is then the mean of the others
+        score = mean_of(per) if all(np.isfinite(v) for v in per.values()) else nanmean(
+            per.values())  # fmt: skip
         return {"score": score if np.isfinite(score) else 0.0, **per}
 
 

@@ -1,0 +1,79 @@
+"""Segmentation metrics by nnU-Net's conventions (voxjet.volumes.metrics), against nnU-Net
+2.8.1's compute_metrics on the same label maps (tests/seg_metric_cases.py; its values recorded
+in tests/data/nnunet_metrics.json by benchmarks/metric_references.py, so this runs without
+nnU-Net): a missed lesion, a false positive on a lesion-free case, a class empty in both, a
+partial overlap, and regions. HD95's aggregate and the miss / false-detection counts against a
+hand computation of BraTS's convention."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from seg_metric_cases import LABELS, REGION_ORDER, REGIONS, SHAPE, SPACING, cases
+
+from voxjet.volumes.metrics import class_means, class_summary, diagonal_mm, mean_of, seg_metrics
+from voxjet.volumes.plan.plan_file import LabelSet
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "nnunet_metrics.json").read_text())
+CLASSES = LabelSet(LABELS, 3)
+REGION_SET = LabelSet(LABELS, 3, REGIONS, REGION_ORDER)
+
+
+def _same(got: float, want: float | None) -> bool:
+    return math.isnan(got) if want is None else got == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("kind,labels,keys", [
+    ("labels", CLASSES, {"organ": "1", "lesion": "2"}),
+    ("regions", REGION_SET, {"whole": "(1, 2)", "lesion": "(2,)"}),
+])  # fmt: skip
+def test_dice_and_counts_equal_nnunet_compute_metrics(kind, labels, keys):
+    recorded = RECORDED["metrics"][kind]
+    per_case = {}
+    for cid, (ref, pred) in cases().items():
+        m = seg_metrics(pred, ref, labels, SPACING)
+        per_case[cid] = {name: r["dice"] for name, r in m.items()}
+        for name, key in keys.items():
+            want = recorded["per_case"][cid][key]
+            assert _same(m[name]["dice"], want["Dice"]), (cid, name)
+            for ours, theirs in (("tp", "TP"), ("fp", "FP"), ("fn", "FN"), ("n_ref", "n_ref"),
+                                 ("n_pred", "n_pred")):  # fmt: skip
+                assert m[name][ours] == want[theirs], (cid, name, ours)
+    # a class's mean: the nanmean over cases (the false positive's 0 in, both-empty out)
+    means = class_means(per_case)
+    for name, key in keys.items():
+        assert means[name] == pytest.approx(recorded["mean"][key], abs=1e-12), name
+    assert mean_of(means) == pytest.approx(recorded["foreground_mean"], abs=1e-12)
+    # what the first version reported: the lesion averaged over the one case that has it
+    # alone, 0.0 from the missed one left at NaN: a better number than nnU-Net's
+    assert recorded["mean"][keys["lesion"]] == pytest.approx(1 / 6)
+
+
+def test_hd95_aggregate_punishes_misses_and_false_detections():
+    """BraTS's convention: a missed structure and a false detection each count as the image's
+    diagonal in mm; a case where both are empty is left out; the counts stand beside."""
+    per_case = {
+        cid: seg_metrics(pred, ref, CLASSES, SPACING) for cid, (ref, pred) in cases().items()
+    }
+    diagonal = diagonal_mm(SHAPE, SPACING)
+    assert diagonal == pytest.approx(np.sqrt((24 * 0.8) ** 2 + 20**2 + (16 * 2.5) ** 2))
+    lesion = {cid: m["lesion"] for cid, m in per_case.items()}
+    assert lesion["missed_lesion"]["miss"] and np.isnan(lesion["missed_lesion"]["hd95"])
+    assert lesion["false_positive"]["false_detection"]
+    assert not lesion["both_empty"]["miss"] and not lesion["both_empty"]["false_detection"]
+    partial = lesion["partial"]["hd95"]
+    assert np.isfinite(partial) and partial > 0
+    summary = class_summary(per_case, {cid: diagonal for cid in per_case})
+    assert summary["lesion"]["hd95"] == pytest.approx((diagonal + diagonal + partial) / 3)
+    assert summary["lesion"]["misses"] == 1 and summary["lesion"]["false_detections"] == 1
+    assert summary["lesion"]["cases"] == 3 and summary["lesion"]["present"] == 2
+    # the organ is in every case and every prediction: its HD95 the plain mean
+    organ = [per_case[c]["organ"]["hd95"] for c in per_case]
+    assert summary["organ"]["hd95"] == pytest.approx(np.mean(organ))
+    assert summary["organ"]["misses"] == summary["organ"]["false_detections"] == 0
+    # a mean of finite values alone would have reported the one partial lesion's distance
+    assert summary["lesion"]["hd95"] > partial

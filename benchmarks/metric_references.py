@@ -26,18 +26,24 @@ RECORD = ROOT / "tests" / "data" / "nnunet_metrics.json"
 SPACING_DATASETS = {
     "isotropic": ([[1.0, 1.0, 1.0]] * 4, [[120, 130, 110]] * 4),
     # z 5 mm, 3× coarser, and few slices: the 10th percentile of z
-    "thick_few_slices": ([[0.7, 0.7, 5.0], [0.8, 0.8, 5.0], [0.7, 0.7, 6.0], [0.75, 0.75, 4.0]],
-                         [[512, 512, 40], [480, 480, 36], [512, 512, 30], [500, 500, 50]]),
+    "thick_few_slices": (
+        [[0.7, 0.7, 5.0], [0.8, 0.8, 5.0], [0.7, 0.7, 6.0], [0.75, 0.75, 4.0]],
+        [[512, 512, 40], [480, 480, 36], [512, 512, 30], [500, 500, 50]],
+    ),
     # z 5 mm but as many slices as in-plane voxels: the median stays
     "thick_many_slices": ([[0.7, 0.7, 5.0]] * 4, [[160, 160, 150]] * 4),
     # 7 cases at 2.0 mm slices, 3 at 0.4 mm (in-plane 0.5 mm): the 10th percentile (0.4) is
     # finer than in-plane, so z is clamped to in-plane + 1e-5
-    "mixed_finer_than_in_plane": ([[0.5, 0.5, 2.0]] * 7 + [[0.5, 0.5, 0.4]] * 3,
-                                  [[400, 400, 60]] * 7 + [[400, 400, 300]] * 3),
+    "mixed_finer_than_in_plane": (
+        [[0.5, 0.5, 2.0]] * 7 + [[0.5, 0.5, 0.4]] * 3,
+        [[400, 400, 60]] * 7 + [[400, 400, 300]] * 3,
+    ),
     # the same spacings with as many slices as in-plane voxels: nnU-Net keeps the median, 2.0
     # (voxjet's first rule, without the voxel condition and the clamp, planned 0.4)
-    "mixed_many_slices": ([[0.5, 0.5, 2.0]] * 7 + [[0.5, 0.5, 0.4]] * 3,
-                          [[400, 400, 150]] * 7 + [[400, 400, 750]] * 3),
+    "mixed_many_slices": (
+        [[0.5, 0.5, 2.0]] * 7 + [[0.5, 0.5, 0.4]] * 3,
+        [[400, 400, 150]] * 7 + [[400, 400, 750]] * 3,
+    ),
 }
 
 

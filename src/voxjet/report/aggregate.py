@@ -26,7 +26,7 @@ HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
 COST_COLUMNS = ["device_hours", "energy_kwh", "peak_memory_gib"]
 COLUMNS = {
     "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro", *COST_COLUMNS],
-    "volumes": ["dice_mean", "hd95_mean", *COST_COLUMNS],
+    "volumes": ["dice_mean", "hd95_mean", "misses", "false_detections", *COST_COLUMNS],
 }
 CSV_FIELDS = [
     "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value", "note"
@@ -43,6 +43,9 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
             continue
         if isinstance(v, (int, float)) or v is None:
             flat[k] = _num(v)
+    for k in ("rej50_mean", "rej30_mean"):
+        if metrics.get(f"{k}_lower_bound"):  # a bound among the classes: the mean is one too
+            flat[f"{k}_is_lower_bound"] = 1.0
     for c, v in metrics.get("auc_ovr", {}).items():
         flat[f"auc_{c}"] = _num(v)
     background = metrics.get("background", "QCD")
@@ -64,8 +67,9 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
         flat[f"accuracy_{name}"] = _num(r.get("accuracy"))
         flat[f"auc_macro_{name}"] = _num(r.get("auc_macro"))
     for c, d in metrics.get("per_class", {}).items():
-        for m in ("dice", "hd95"):
-            flat[f"{m}_{c}"] = _num(d.get(m))
+        for m in ("dice", "hd95", "misses", "false_detections"):
+            if m in d:
+                flat[f"{m}_{c}"] = _num(d.get(m))
     return flat
 
 
@@ -142,6 +146,7 @@ def scaling_studies(runs: list[RunInfo]) -> dict[tuple[str, str, str], dict[str,
                 rate[1],
                 cost.get("energy_per_item_j"),
                 missing,
+                int(r.params.get("cores") or 0),
             )  # fmt: skip
         )
     return {k: study_table(v) for k, v in sorted(points.items())
@@ -282,7 +287,10 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
             star = " ★" if i == 1 else ""
             out.append(
                 f"| {i} | {run}{star} | {t['experiment']} | {t['params'] or '–'} | "
-                + " | ".join(_fmt(t.get(c)) for c in cols)
+                + " | ".join(
+                    ("≥ " if t.get(f"{c}_is_lower_bound") == 1.0 else "") + _fmt(t.get(c))
+                    for c in cols
+                )  # fmt: skip
                 + " |"
             )
         for m in missing:
@@ -309,7 +317,8 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
         if bounds:
             out += [
                 "Rejections at their bound (no background jet passed the cut: the value is "
-                "N_B, only a lower bound, and left out of rej50_mean): " + "; ".join(bounds),
+                "N_B, only a lower bound; it enters rej50_mean as such, and a mean marked ≥ is "
+                "a lower bound too): " + "; ".join(bounds),
                 "",
             ]
         out += repeats_markdown([r for r in rows if r["dataset"] == ds], cols)
@@ -416,7 +425,8 @@ def _volumes_figures(metrics: dict[str, dict], fig_dir: Path, ds: str, stem: str
         per_class: dict[str, list[float]] = {}
         for case in m.get("per_case", {}).values():
             for c, v in case.items():
-                if v.get("present") and v.get("dice") is not None:
+                # every case where the class is scored (a false positive's 0 included)
+                if v.get("dice") is not None and math.isfinite(v["dice"]):
                     per_class.setdefault(c, []).append(v["dice"])
         per_run[run] = per_class
     if not any(per_run.values()):

@@ -3,6 +3,7 @@ the network topology, the memory estimate of the network trained, patch and batc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from voxjet.volumes.msd import Case, MSDDataset
 from voxjet.volumes.plan.experiment import make_plan
 from voxjet.volumes.plan.memory import estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan
+from voxjet.volumes.plan.resenc import plan_resenc_dataset
 from voxjet.volumes.plan.sizing import check_model_against_plan, plan_patch_and_batch
 from voxjet.volumes.plan.spacing import target_spacing
 from voxjet.volumes.plan.topology import topology
@@ -28,12 +30,26 @@ def _fingerprint(spacings, shapes) -> dict:
     return {"spacings": spacings, "shapes": shapes, "median_spacing": np.median(spacings, 0)}
 
 
-def test_target_spacing_follows_nnunet_rule():
-    iso = [[1.0, 1.0, 1.0], [1.2, 1.2, 1.2], [0.8, 0.8, 0.8]]
-    assert target_spacing(iso) == [1.0, 1.0, 1.0]
-    thick = [[0.8, 0.8, 5.0], [0.8, 0.8, 4.0], [0.8, 0.8, 3.0], [0.8, 0.8, 5.0]]
-    t = target_spacing(thick)
-    assert t[:2] == [0.8, 0.8] and t[2] == pytest.approx(np.percentile([5, 4, 3, 5], 10))
+def test_target_spacing_is_nnunets_rule_for_both_planners():
+    """nnU-Net 2.8.1's determine_fullres_target_spacing (tests/data/nnunet_metrics.json,
+    recorded by benchmarks/metric_references.py) on an isotropic dataset, thick slices with few
+    and with many slices, and mixed spacings whose 10th percentile is finer than in-plane (with
+    few slices: clamped to in-plane; with many: the median kept, where voxjet's first rule
+    planned 0.4 mm): voxjet's rule gives the same, and the default planner and a ResEnc preset
+    plan with it."""
+    recorded = json.loads((Path(__file__).parent / "data" / "nnunet_metrics.json").read_text())
+    for name, d in recorded["target_spacing"].items():
+        got = target_spacing(d["spacings"], d["shapes"])
+        assert got == pytest.approx(d["target_spacing"], abs=1e-9), name
+        # the planners on cases a tenth the size (the rule compares shapes by ratio: the same
+        # decision, a smaller patch to plan)
+        small = [[max(1, s // 10) for s in shape] for shape in d["shapes"]]
+        fp = _fingerprint(d["spacings"], small)
+        default = make_plan(fp, _dataset(), VolumePrepConfig(network_depth=3))
+        resenc = plan_resenc_dataset(d["spacings"], small, 1, 2, "resenc_m")
+        assert default.target_spacing == pytest.approx(d["target_spacing"], abs=1e-9), name
+        assert resenc["target_spacing"] == pytest.approx(d["target_spacing"], abs=1e-9), name
+    assert recorded["target_spacing"]["mixed_many_slices"]["target_spacing"][2] == 2.0
 
 
 def test_mixed_spacings_plan_the_resampled_median_with_anisotropic_strides():

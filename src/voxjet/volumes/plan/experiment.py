@@ -24,7 +24,7 @@ from voxjet.volumes.settings import VolumePrepConfig
 
 
 def _sized_by_voxjet(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:
-    spacing = cfg.target_spacing or target_spacing(fp["spacings"])
+    spacing = cfg.target_spacing or target_spacing(fp["spacings"], fp["shapes"]).tolist()
     shapes = resampled_shapes(fp["shapes"], fp["spacings"], spacing)
     median = np.median(shapes, 0)
     if cfg.plan_channels is not None and len(cfg.plan_channels) < 2:

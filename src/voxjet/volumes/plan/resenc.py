@@ -19,7 +19,7 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.models import BLOCKS_ENCODER, build_resenc_core
-from voxjet.volumes.plan.spacing import fullres_spacing
+from voxjet.volumes.plan.spacing import target_spacing
 from voxjet.volumes.plan.topology import nnunet_axes, pool_and_conv_props
 
 BASE_FEATURES = 32
@@ -180,7 +180,7 @@ def plan_resenc_dataset(
     batch and network, all in voxjet's RAS axis order."""
     if preset not in PRESETS:
         raise VoxjetError(f"volumes.plan {preset!r}: choose one of {sorted(PRESETS)} or voxjet")
-    target = np.asarray(spacing if spacing is not None else fullres_spacing(spacings, shapes))
+    target = np.asarray(spacing if spacing is not None else target_spacing(spacings, shapes))
     new_shapes = [np.round(np.asarray(sp) / target * np.asarray(sh)).astype(int)
                   for sp, sh in zip(spacings, shapes, strict=True)]  # fmt: skip
     median = np.median(new_shapes, 0)

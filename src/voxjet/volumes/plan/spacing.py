@@ -1,4 +1,5 @@
-"""The target spacing a dataset's cases are resampled to, and their shapes once resampled."""
+"""The target spacing a dataset's cases are resampled to (one rule, nnU-Net's), and their shapes
+once resampled."""
 
 from __future__ import annotations
 
@@ -7,22 +8,12 @@ import numpy as np
 ANISOTROPY = 3  # nnU-Net's ANISO_THRESHOLD
 
 
-def target_spacing(spacings: list[list[float]]) -> list[float]:
-    """voxjet's planner: the median spacing, but the 10th percentile on an axis more than 3x
-    coarser than the others (so thick-slice data is not upsampled in-plane)."""
-    sp = np.asarray(spacings, float)
-    target = np.median(sp, 0)
-    worst = int(np.argmax(target))
-    others = [i for i in range(3) if i != worst]
-    if target[worst] > ANISOTROPY * max(target[others]):
-        target[worst] = np.percentile(sp[:, worst], 10)
-    return target.tolist()
-
-
-def fullres_spacing(spacings: list[list[float]], shapes: list[list[int]]) -> np.ndarray:
-    """nnU-Net's target spacing: the median, except on an axis both more than 3× coarser and
-    more than 3× shorter (in voxels) than the others, which takes its 10th percentile (kept at
-    least as coarse as the other axes)."""
+def target_spacing(spacings: list[list[float]], shapes: list[list[int]]) -> np.ndarray:
+    """nnU-Net's target spacing (`determine_fullres_target_spacing`), for voxjet's planner and
+    the ResEnc presets alike: the median, except on an axis both more than 3× coarser and more
+    than 3× shorter (in voxels) than the others, which takes its 10th percentile — kept at
+    least as coarse as the other axes (their largest spacing + 1e-5 where the percentile is
+    finer)."""
     sp = np.vstack(spacings).astype(float)
     target = np.percentile(sp, 50, 0)
     size = np.percentile(np.vstack(shapes), 50, 0)

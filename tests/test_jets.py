@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import awkward as ak
 import h5py
 import numpy as np
@@ -147,6 +150,26 @@ def test_split_is_stable_under_reruns_and_added_files():
     assert np.array_equal(split_of("Hbb_000.root", entries[:500], cfg), a[:500])
 
 
+def test_two_seeds_split_independently():
+    """jets.seed keys the split's hash: another seed's split agrees with this one's on the
+    fraction of jets chance gives (0.7² + 0.1² + 0.2² = 0.54), never by a relabelling of
+    entries (with the seed XORed into the entry number, seed 43 was seed 42 of entry e ^ 1)."""
+    from voxjet.jets.shard import split_of
+
+    entries = np.arange(200_000)
+    splits = {seed: split_of("Hbb_000.root", entries, JetDataConfig(seed=seed, val_fraction=0.1,
+                                                                    test_fraction=0.2))
+              for seed in (42, 43, 0, 1)}  # fmt: skip
+    for a, b in ((42, 43), (0, 1), (42, 0)):
+        agree = (splits[a] == splits[b]).mean()
+        assert abs(agree - 0.54) < 0.006, (a, b, agree)  # 3σ of 200k draws is 0.0034
+        # no pairing of entries maps one seed's split onto the other's
+        assert (splits[a] == splits[b][entries ^ 1]).mean() < 0.56
+    # each seed's test jets are a fifth of the entries, and the test sets overlap by chance
+    test = {k: v == 2 for k, v in splits.items()}
+    assert abs((test[42] & test[43]).mean() - 0.04) < 0.003
+
+
 def test_shard_errors_name_the_file_and_key(toy_root, tmp_path):
     stage(str(toy_root), tmp_path / "staged", tmp_path / "manifest.json", patterns=["*.root"])
     with pytest.raises(VoxjetError, match=r"Hbb_000\.root.*label_Nope.*jets\.labels"):
@@ -195,15 +218,36 @@ def test_auc_and_rejection():
     assert eff_s[-1] == 1 and eff_b[-1] == 1 and (np.diff(eff_s) >= 0).all()
 
 
+def test_rejection_is_pumas_on_tied_and_small_samples():
+    """1/eps_B equals atlas-ftag-tools' calculate_rejection (puma's calc_rej) on scores tied at
+    the cut and on 10 + 10 jets (tests/data/puma_rejection.json, recorded from it): the cut is
+    the signal scores' interpolated percentile and background at the cut passes."""
+    recorded = json.loads((Path(__file__).parent / "data" / "puma_rejection.json").read_text())
+    for name in ("tied", "ten_jets"):
+        case = recorded[name]
+        scores = np.r_[case["signal"], case["background"]]
+        sig = np.r_[np.ones(len(case["signal"])), np.zeros(len(case["background"]))]
+        for eff, want in case["rejection"].items():
+            assert rejection_at(scores, sig, float(eff)) == pytest.approx(want, abs=1e-6), (
+                name, eff)  # fmt: skip
+    # the first version took the first score at or past (1 − eps_S)(n − 1): 10 signal jets at
+    # eps_S = 0.3 kept 4 of them (40%); the interpolated cut keeps 3
+    ten = recorded["ten_jets"]
+    cut = np.percentile(ten["signal"], 70)
+    assert (np.asarray(ten["signal"]) >= cut).sum() == 3
+
+
 def test_jet_metrics_per_class_against_the_background():
     labels = np.array([0, 0, 1, 1, 2, 2])
     probs = np.eye(3)[labels] * 0.9 + 0.1 / 3
     m = jet_metrics(probs, labels, ["QCD", "Wqq", "Tbqq"])
     assert m["accuracy"] == 1.0 and m["auc_macro"] == 1.0 and m["background"] == "QCD"
     assert set(m["vs_QCD"]) == {"Wqq", "Tbqq"} and m["vs_QCD"]["Wqq"]["auc"] == 1.0
-    # no background passes: N_B bounds the rejection from below, flagged and not averaged
+    # no background passes: N_B bounds the rejection from below, flagged; the mean over every
+    # class includes it and is flagged a lower bound too
     assert m["vs_QCD"]["Wqq"]["rej50"] == 2 and m["vs_QCD"]["Wqq"]["rej50_lower_bound"]
-    assert np.isnan(m["rej50_mean"]) and m["rej50_lower_bounds"] == ["Tbqq", "Wqq"]
+    assert m["rej50_mean"] == 2 and m["rej50_mean_lower_bound"]
+    assert m["rej50_lower_bounds"] == ["Tbqq", "Wqq"]
     # any class list, any background (the HZZ example's signal/background)
     rng = np.random.default_rng(1)
     y = rng.integers(0, 2, 4000)
@@ -213,6 +257,7 @@ def test_jet_metrics_per_class_against_the_background():
     assert set(m["vs_background"]) == {"signal"} and m["background"] == "background"
     assert m["vs_background"]["signal"]["rej50_lower_bound"] is False
     assert m["rej50_mean"] == m["vs_background"]["signal"]["rej50"] > 1
+    assert m["rej50_mean_lower_bound"] is False
     m = jet_metrics(probs[:, ::-1], y, ["signal", "background"], background="background")
     assert set(m["vs_background"]) == {"signal"}
     with pytest.raises(VoxjetError, match="jets.background: 'QCD' is none of the classes"):

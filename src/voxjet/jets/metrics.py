@@ -37,14 +37,17 @@ def rejection_at(scores: np.ndarray, is_signal: np.ndarray, signal_eff: float) -
 def rejection_with_bound(
     scores: np.ndarray, is_signal: np.ndarray, signal_eff: float
 ) -> tuple[float, bool]:
-    """(1/eps_B, whether it is only a lower bound): with no background jet passing the cut,
-    eps_B < 1/N_B, so N_B bounds the rejection from below and is no measurement of it."""
+    """(1/eps_B, whether it is only a lower bound) as puma computes it (atlas-ftag-tools'
+    `calculate_rejection`, puma's `calc_rej`): the cut at the (1 − eps_S) percentile of the
+    signal scores (linear interpolation, numpy's default), eps_B the fraction of background
+    scores at or above it. With no background jet passing, eps_B < 1/N_B, so N_B bounds the
+    rejection from below (puma gives inf) and is no measurement of it."""
     is_signal = np.asarray(is_signal, bool)
-    sig = np.sort(np.asarray(scores)[is_signal])
-    bkg = np.asarray(scores)[~is_signal]
+    scores = np.asarray(scores, np.float64)
+    sig, bkg = scores[is_signal], scores[~is_signal]
     if len(sig) == 0 or len(bkg) == 0:
         return float("nan"), False
-    cut = sig[int(np.floor((1 - signal_eff) * (len(sig) - 1)))]
+    cut = np.percentile(sig, 100.0 * (1.0 - signal_eff))
     passed = int((bkg >= cut).sum())
     return len(bkg) / max(1, passed), passed == 0
 
@@ -67,7 +70,8 @@ def jet_metrics(
 ) -> dict:
     """Accuracy, macro one-vs-rest AUC, and per signal class vs the background class (default
     the first): AUC and 1/eps_B at 50% and 30% signal efficiency, each with a flag when it is
-    only a lower bound; `rej50_mean` averages the measured values only."""
+    only a lower bound; `rej50_mean` / `rej30_mean` average every class, bounds included (the
+    mean is then flagged a lower bound)."""
     labels = np.asarray(labels)
     background = background or classes[0]
     if background not in classes:
@@ -90,8 +94,11 @@ def jet_metrics(
         per[c] = entry
     out["background"] = background
     out["vs_" + background] = per
-    measured = [v["rej50"] for v in per.values()
-                if np.isfinite(v["rej50"]) and not v["rej50_lower_bound"]]  # fmt: skip
-    out["rej50_mean"] = float(np.mean(measured)) if measured else float("nan")
-    out["rej50_lower_bounds"] = sorted(c for c, v in per.items() if v["rej50_lower_bound"])
+    for key in ("rej50", "rej30"):
+        values = [v[key] for v in per.values() if np.isfinite(v[key])]
+        # every class counts: a bound (N_B, no background passed) enters the mean as the
+        # least its rejection can be, which makes the mean a lower bound too, and says so
+        out[f"{key}_mean"] = float(np.mean(values)) if values else float("nan")
+        out[f"{key}_mean_lower_bound"] = any(v[f"{key}_lower_bound"] for v in per.values())
+        out[f"{key}_lower_bounds"] = sorted(c for c, v in per.items() if v[f"{key}_lower_bound"])
     return out

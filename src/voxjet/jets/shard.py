@@ -9,10 +9,10 @@ files are added. `index_shards` then adds up the parts' counts and feature sums.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import sys
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,12 +95,16 @@ def _bad_label_message(problems: dict, entries: np.ndarray, labels) -> str:
 
 
 def split_of(file_name: str, entries: np.ndarray, cfg: JetDataConfig) -> np.ndarray:
-    """0 train, 1 val, 2 test for each entry, from a hash of (file name, entry): the same
-    on every rerun, and unchanged for existing files when new ones are added."""
-    x = (np.uint64(zlib.crc32(file_name.encode())) << np.uint64(32)) ^ entries.astype(np.uint64)
-    x = x ^ np.uint64(cfg.seed)
-    # splitmix64's finaliser: consecutive entries become independent uniforms
+    """0 train, 1 val, 2 test for each entry, from a keyed hash of (seed, file name, entry):
+    the same on every rerun, unchanged for existing files when new ones are added, and for
+    two seeds two independent splits (the seed keys the hash, as splitmix64's state)."""
+    key = hashlib.blake2b(f"{cfg.seed}\0{file_name}".encode(), digest_size=8).digest()
     with np.errstate(over="ignore"):
+        # splitmix64: the (seed, file) key as its state, one golden-ratio step an entry,
+        # then its finaliser: consecutive entries become independent uniforms
+        x = np.uint64(int.from_bytes(key, "little")) + entries.astype(np.uint64) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))

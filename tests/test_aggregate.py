@@ -294,3 +294,27 @@ def test_a_scaling_study_is_fitted_as_a_power_law_and_drawn(tmp_path):
     assert "| pfn_scale-1 | 1 |" in md and "Energy per jets not measured: no GPU" in md
     rows = list(csv.DictReader(open(tmp_path / "summary" / "metrics.csv")))
     assert {r["run"] for r in rows} == {"pfn"}  # scaling runs are timed, not ranked
+
+
+def test_two_sizes_give_a_speedup_not_a_fit_and_cpu_sizes_count_their_cores(tmp_path):
+    """Two sizes of CPU processes sharing the job's 2 threads (2 cores at both): no power law
+    is fitted through two points, the speed-up stands as a ratio against the ideal of the cores
+    used (1 here), and no exponent is printed with a doubled sign."""
+    runs = []
+    for n, rate in ((1, 1000.0), (2, 900.0)):
+        d = tmp_path / f"particlenet_scale-{n}"
+        d.mkdir()
+        lines = [{"step": 4 * k, "loss": 1.0, "jets_per_s": rate} for k in range(1, 11)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        runs.append(RunInfo("ds_jets", "jets", "particlenet", d.name,
+                            str(d / "eval" / "metrics.json"), str(d / "metrics.jsonl"),
+                            {"processes": n, "nodes": 1, "cores": 2}, role="scaling"))  # fmt: skip
+    aggregate([_run(tmp_path, "particlenet", "jets", {"auc_macro": 0.9}), *runs],
+              tmp_path / "summary")  # fmt: skip
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "### Scaling of particlenet: 2 sizes, so a speed-up, not a fit" in md
+    assert "−-" not in md and "T(n) = " not in md
+    row = next(line for line in md.splitlines() if line.startswith("| particlenet_scale-2 "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "–" and float(cells[5]) == pytest.approx(0.9)  # no fit; the ratio
+    assert float(cells[6]) == pytest.approx(0.9) and cells[8] == "2" and cells[9] == "1"

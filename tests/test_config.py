@@ -254,8 +254,8 @@ def test_a_scaling_study_is_one_short_run_a_size_on_gpus_or_cpu_processes(demo_c
     assert r.config["model"] == cfg["experiments"]["part"]["model"]
     cpu = {k: r for k, r in expand_runs(demo_config).items() if r.role == "scaling"}
     assert {k: (r.launch.gpus, r.launch.cpu_processes, r.launch.nodes) for k, r in cpu.items()} == {
-        "pfn_scale-1": (0, 1, 1),
-        "pfn_scale-2": (0, 2, 1),
+        "particlenet_scale-1": (0, 1, 1),
+        "particlenet_scale-2": (0, 2, 1),
     }
     assert "lr" not in "".join(cpu)  # the experiment's own settings, not its sweep
 

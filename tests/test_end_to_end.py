@@ -50,7 +50,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     tiny = workflow_dir / "my_config.yaml"
     dry = run_snakemake(workflow_dir, *README["dry-run"][1:])
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    assert job_counts(dry.stdout)["train_jets"] == 6  # 4 runs and pfn's scaling study
+    assert job_counts(dry.stdout)["train_jets"] == 6  # 4 runs and particlenet's scaling study
     r = run_snakemake(workflow_dir, *README["run"][1:])  # no --cores: the default profile's
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     summary = (workflow_dir / "results" / "summary" / "summary.md").read_text()
@@ -77,8 +77,11 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
         assert 0.5 < m["baseline_jet_mass"]["auc_macro"] < 1
     figures = {p.name for p in (workflow_dir / "results" / "summary" / "figures").iterdir()}
     assert {"jets-toy_jets-roc.png", "volumes-toy_ct-dice.png", "pipeline-all-cost.png",
-            "jets-toy_jets-scaling-pfn.png", "pipeline-all-planner.png"} <= figures  # fmt: skip
-    assert "### Scaling of pfn: T(n) = " in summary and "| pfn_scale-2 | 2 |" in summary
+            "jets-toy_jets-scaling-particlenet.png",
+            "pipeline-all-planner.png"} <= figures  # fmt: skip
+    # two sizes: a speed-up against the cores each used, no power law through two points
+    assert "### Scaling of particlenet: 2 sizes, so a speed-up, not a fit" in summary
+    assert "| particlenet_scale-2 | 2 |" in summary and "−-" not in summary
     assert "| device_hours | energy_kwh | peak_memory_gib |" in summary
     assert "Energy not measured: no GPU, so no NVML" in summary
     # every rule left a log and a benchmark
@@ -87,8 +90,9 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
     assert len(list((workflow_dir / "logs").rglob("*.log"))) == 26 + 7
     assert len(list((workflow_dir / "results" / "benchmarks").rglob("*.tsv"))) == 26 + 7
     # the planner profiled the runs before training; the summary sets its predictions beside
-    # what the runs measured (pfn's scaling study included)
-    assert "## The planner against the runs" in summary and "| pfn_scale-2 | 2 |" in summary
+    # what the runs measured (particlenet's scaling study included)
+    assert "## The planner against the runs" in summary
+    assert "| particlenet_scale-2 | 2 |" in summary
     # each row is the plan's own-size prediction beside the run's measured rate, the error their
     # ratio; how near they come is a timing (it moves with whatever else shares the cores) and is
     # measured by benchmarks/planner.py and the demo's row in benchmarks/README.md, not here

@@ -22,7 +22,7 @@ DEMO_JOBS = {
     "plan_volumes": 1,
     "preprocess_case": 16,
     "gather_cases": 1,
-    "train_jets": 6,  # 4 runs, and pfn's scaling study at 1 and 2 processes
+    "train_jets": 6,  # 4 runs, and particlenet's scaling study at 1 and 2 processes
     "train_seg": 2,
     "evaluate_jets": 4,
     "evaluate_seg": 2,
@@ -43,7 +43,8 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp
     r = run_snakemake(workflow_dir, *README["slurm-dry-run"][1:])  # as README shows it
     assert r.returncode == 0, r.stderr + r.stdout
     assert job_counts(r.stdout) == DEMO_JOBS
-    over = write_config(tmp_path / "gpus.yaml", {"experiments": {"pfn": {"launch": {"gpus": 2}}}})
+    over = write_config(tmp_path / "gpus.yaml", {"experiments": {
+        "pfn": {"launch": {"gpus": 2}}, "particlenet": {"launch": {"gpus": 2}}}})  # fmt: skip
     r = run_snakemake(
         workflow_dir,
         "-n",
@@ -58,9 +59,9 @@ def test_dry_run_with_slurm_profile_requests_gpus_for_training(workflow_dir, tmp
     assert len(train) == 8
     for b in train:
         assert "slurm_partition=gpu" in b and "torchrun" not in b
-        if "run=pfn_scale-1" in b:  # its scaling study's sizes are GPUs now
+        if "run=particlenet_scale-1" in b:  # its scaling study's sizes are GPUs now
             assert "gpu=1" in b and "-- launch --gpus 1 --cpu-processes 1" in b
-        elif "run=pfn_" in b:  # the experiment given GPUs asks for them, one process each
+        elif "run=pfn_" in b or "run=particlenet" in b:  # given GPUs: one process each
             assert "gpu=2" in b and "-- launch --gpus 2 --cpu-processes 1" in b
         else:  # the demo's experiments ask for the CPU
             assert "gpu=0" in b and "-- launch --gpus 0" in b

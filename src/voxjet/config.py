@@ -542,6 +542,8 @@ def scaling_runs(name: str, exp: Mapping[str, Any], domain: str) -> list[Run]:
             cfg.update({"experiment": name, "run": run_id, "dataset": exp["dataset"]})
             launch = launch_of(exp, {"gpus" if gpu else "cpu_processes": n, "nodes": nodes})
             params = {"processes": n * nodes, "nodes": nodes}
+            if not gpu:  # CPU processes share the job's threads: the cores each size has
+                params["cores"] = threads_per_process(launch.threads, n) * n * nodes
             out.append(Run(run_id, name, exp["dataset"], domain, params, cfg, "scaling", launch,
                            candidate=run_id))  # fmt: skip
     return out

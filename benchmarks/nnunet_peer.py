@@ -35,9 +35,13 @@ def env(root: Path) -> dict[str, str]:
     return {**os.environ, **{k: str(v) for k, v in folders.items()}}
 
 
-def to_raw(msd: Path, root: Path) -> Path:
-    """The MSD dataset as an nnU-Net v2 raw dataset (links to the same files)."""
+def to_raw(msd: Path, root: Path, cases: list[str] | None = None) -> Path:
+    """The MSD dataset as an nnU-Net v2 raw dataset (links to the same files); `cases`: only
+    those (e.g. the training cases, so that nnU-Net's fingerprint never sees a test case)."""
     meta = json.loads((msd / "dataset.json").read_text())
+    if cases is not None:
+        meta["training"] = [t for t in meta["training"]
+                            if Path(t["image"]).name[: -len(".nii.gz")] in set(cases)]  # fmt: skip
     raw = root / "nnUNet_raw" / NAME
     (raw / "imagesTr").mkdir(parents=True, exist_ok=True)
     (raw / "labelsTr").mkdir(exist_ok=True)

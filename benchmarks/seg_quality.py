@@ -1,19 +1,28 @@
 """Segmentation quality against nnU-Net itself: nnU-Net 2.8.1 (`nnUNetv2_train` with a trainer
 shortened to the same number of iterations, on the CPU) and voxjet trained on the same cases, the
-same train/validation split, the same patch, batch and number of iterations; both predict the same
-held-out test cases without test-time mirroring, and one function scores both predictions
-against the labels on the original grids (Dice a class).
+same train/validation split, the same patch, batch and number of iterations, over several seeds;
+both predict the same held-out test cases without test-time mirroring, and voxjet's metrics
+module (voxjet.volumes.metrics, nnU-Net's conventions) scores both predictions against the labels
+on the original grids.
 
-Each trains with its own recipe: nnU-Net its PlainConvUNet (deep supervision, SGD 0.01 with
-Nesterov momentum, poly decay, its augmentation, 1/3 foreground oversampling); voxjet the
+What each side is given, the same: nnU-Net's raw dataset holds the training and validation cases
+only (its fingerprint and normalisation never see a test case); both keep their final weights
+(nnU-Net's checkpoint_final; voxjet validates once, at the last step, so its best checkpoint is
+its last). Each trains with its own recipe: nnU-Net its PlainConvUNet (deep supervision, SGD 0.01
+with Nesterov momentum, poly decay, its augmentation, 1/3 foreground oversampling); voxjet the
 experiment given (default: `dynunet` with deep supervision, nnU-Net's network, under the demo's
 `unet` training settings). nnU-Net's network is planned for the common patch with its own
 topology rule.
 
-Datasets: the demo's toy CT set (`toy_ct`) and the MNI152 brain built from nilearn's template
-(`mni`, tests/mni_dataset.py: four cases, one test case).
+Reported a seed: each class's Dice over the test cases that have it, and for classes some test
+cases lack (the toy CT's lesion) the share of those cases where a structure was predicted all
+the same (false detections) and its mean voxels there; then mean ± sd over the seeds.
 
-    .venv-bench/bin/python benchmarks/seg_quality.py [--datasets toy_ct mni] [--steps 1000]
+The dataset: the demo's toy CT generator, with more cases than the demo (default 24) so that the
+test split holds lesion-free cases too. (The MNI152 set of tests/mni_dataset.py is left out: its
+four cases are one brain rescaled and mirrored, so a test case is a copy of a training case.)
+
+    .venv-bench/bin/python benchmarks/seg_quality.py [--seeds 3] [--steps 500] [--cases 24]
 """
 
 from __future__ import annotations
@@ -69,83 +78,92 @@ def install_trainer() -> None:
         target.write_text(TRAINER_CODE)
 
 
-def datasets(root: Path, names: list[str], cases: int | None) -> dict[str, tuple[Path, list]]:
-    """Each dataset's MSD folder and the patch both train on (RAS x, y, z)."""
+def toy_ct(root: Path, cases: int) -> tuple[Path, list[int]]:
+    """The demo's toy CT generator with `cases` labelled cases, and the demo's patch."""
     import yaml
 
     from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
-    out = {}
-    if "toy_ct" in names:
-        cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-        ds = cfg["datasets"]["toy_ct"]
-        synth = {**ds["source"]["synthetic"], **({"train_cases": cases} if cases else {})}
-        msd = generate_dataset(root / "toy_ct", ToyVolumesConfig(**synth), progress=False)
-        out["toy_ct"] = (msd, ds["volumes"]["patch_size"])
-    if "mni" in names:
-        from mni_dataset import mni_brain_dataset
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    ds = cfg["datasets"]["toy_ct"]
+    synth = {**ds["source"]["synthetic"], "train_cases": cases}
+    msd = generate_dataset(root / "toy_ct", ToyVolumesConfig(**synth), progress=False)
+    return msd, ds["volumes"]["patch_size"]
 
-        out["mni"] = (mni_brain_dataset(root / "mni"), [48, 48, 48])
+
+def score(pred_dir: Path, msd: Path, case_ids: list[str]) -> dict:
+    """voxjet.volumes.metrics on each test case's prediction (its original grid): a class's
+    Dice over the cases that have it; over the cases that lack it, the share with a false
+    detection and its mean voxels."""
+    from voxjet.volumes.metrics import seg_metrics
+    from voxjet.volumes.plan.plan_file import LabelSet
+
+    meta = json.loads((msd / "dataset.json").read_text())
+    labels = {int(k): v for k, v in meta["labels"].items()}
+    classes = LabelSet(labels, max(labels) + 1)
+    per_case = {}
+    for cid in case_ids:
+        ref = np.asarray(nib.load(msd / "labelsTr" / f"{cid}.nii.gz").dataobj).astype(np.uint8)
+        pred = np.asarray(nib.load(pred_dir / f"{cid}.nii.gz").dataobj).astype(np.uint8)
+        assert pred.shape == ref.shape, (cid, pred.shape, ref.shape)
+        per_case[cid] = seg_metrics(pred, ref, classes, hd95=False)
+    out = {}
+    for name in next(iter(per_case.values())):
+        present = [m[name] for m in per_case.values() if m[name]["present"]]
+        absent = [m[name] for m in per_case.values() if not m[name]["present"]]
+        out[name] = {"dice": float(np.mean([r["dice"] for r in present])) if present else None,
+                     "cases_with": len(present), "cases_without": len(absent),
+                     "false_detection_rate": (float(np.mean([r["false_detection"] for r in absent]))
+                                              if absent else None),
+                     "false_voxels": (float(np.mean([r["n_pred"] for r in absent]))
+                                      if absent else None)}  # fmt: skip
     return out
 
 
-def dice_per_class(pred_dir: Path, msd: Path, case_ids: list[str], labels: dict) -> dict:
-    """Mean Dice a class over the cases (a class absent from both label and prediction: 1)."""
-    scores: dict[str, list[float]] = {name: [] for v, name in labels.items() if int(v) > 0}
-    for cid in case_ids:
-        ref = np.asarray(nib.load(msd / "labelsTr" / f"{cid}.nii.gz").dataobj)
-        pred = np.asarray(nib.load(pred_dir / f"{cid}.nii.gz").dataobj)
-        assert pred.shape == ref.shape, (cid, pred.shape, ref.shape)
-        for v, name in labels.items():
-            if int(v) == 0:
-                continue
-            a, b = ref == int(v), pred == int(v)
-            denom = a.sum() + b.sum()
-            scores[name].append(1.0 if denom == 0 else 2 * (a & b).sum() / denom)
-    return {k: float(np.mean(v)) for k, v in scores.items()}
-
-
-def run_voxjet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
-               run_cfg: dict) -> tuple[dict, dict, float]:  # fmt: skip
-    """voxjet's preprocessing, training and test predictions; (splits, Dice a class, s)."""
-    from voxjet.volumes.evaluate import evaluate
+def prepare(msd: Path, work: Path, patch: list[int]) -> dict:
+    """voxjet's preprocessing (and with it the split both sides use); the splits."""
     from voxjet.volumes.preprocess import preprocess_dataset
     from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.train import run
 
     manifest = work / "manifest.json"
     manifest.write_text(json.dumps({"root": str(msd), "files": []}))
     depth = 3 if min(patch) % 8 == 0 else 2
-    prep = VolumePrepConfig(patch_size=patch, network_depth=depth, storage="mapped")
-    if len(json.loads((msd / "dataset.json").read_text())["training"]) < 8:
-        prep.val_fraction, prep.test_fraction = 0.25, 0.25
+    prep = VolumePrepConfig(patch_size=patch, network_depth=depth, storage="mapped",
+                            val_fraction=0.15, test_fraction=0.25)  # fmt: skip
     preprocess_dataset(manifest, work / "cases", prep)
-    splits = json.loads((work / "cases" / "splits.json").read_text())
+    return json.loads((work / "cases" / "splits.json").read_text())
+
+
+def run_voxjet(msd: Path, work: Path, steps: int, batch: int, run_cfg: dict, seed: int,
+               splits: dict) -> tuple[dict, float]:  # fmt: skip
+    """voxjet's training (validated once, at its last step: it keeps its final weights, as
+    nnU-Net's checkpoint_final) and test predictions; (scores, seconds)."""
+    from voxjet.volumes.evaluate import evaluate
+    from voxjet.volumes.train import run
+
     cfg = json.loads(json.dumps(run_cfg))
-    cfg["train"].update(steps=steps, batch_size=batch)
+    cfg["train"].update(steps=steps, batch_size=batch, eval_every=steps, checkpoint_every=steps,
+                        seed=seed)  # fmt: skip
+    out = work / f"run_{seed}"
     t = time.perf_counter()
-    run(str(work / "cases"), cfg, str(work / "run"))
-    evaluate(str(work / "cases"), str(work / "run" / "model.pt"), str(work / "eval"))
+    run(str(work / "cases"), cfg, str(out))
+    evaluate(str(work / "cases"), str(out / "model.pt"), str(out / "eval"))
     seconds = time.perf_counter() - t
-    labels = json.loads((msd / "dataset.json").read_text())["labels"]
-    return (
-        splits,
-        dice_per_class(work / "eval" / "predictions", msd, splits["test"], labels),
-        seconds,
-    )
+    return score(out / "eval" / "predictions", msd, splits["test"]), seconds
 
 
 def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
                splits: dict, epochs: int) -> tuple[dict, dict, float]:  # fmt: skip
-    """nnU-Net's fingerprint, plan (its 3d_fullres with the common patch and batch and its own
-    topology for that patch), preprocessing, training on voxjet's fold 0 and test predictions."""
+    """nnU-Net's fingerprint of the training and validation cases, plan (its 3d_fullres with
+    the common patch and batch and its own topology for that patch), preprocessing, training
+    on voxjet's split (its fold 0) and test predictions with its final weights."""
     import nnunet_peer
 
     from voxjet.volumes.plan.topology import pool_and_conv_props
 
     budget = {"VOXJET_BENCH_EPOCHS": str(epochs), "VOXJET_BENCH_ITERS": str(steps // epochs)}
     environ = {**nnunet_peer.env(work), "nnUNet_n_proc_DA": "2", "nnUNet_compile": "f", **budget}
-    nnunet_peer.to_raw(msd, work)
+    nnunet_peer.to_raw(msd, work, splits["train"] + splits["val"])
     d = str(nnunet_peer.DATASET_ID)
     exe = Path(sys.executable).parent
 
@@ -186,53 +204,79 @@ def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
         "3d_fullres", "-f", "0", "-tr", TRAINER, "-chk", "checkpoint_final.pth", "-device",
         "cpu", "--disable_tta", "-npp", "1", "-nps", "1")  # fmt: skip
     seconds = time.perf_counter() - t
-    labels = json.loads((msd / "dataset.json").read_text())["labels"]
-    return {"patch": p, "stages": n}, dice_per_class(work / "pred", msd, splits["test"],
-                                                     labels), seconds  # fmt: skip
+    return {"patch": p, "stages": n}, score(work / "pred", msd, splits["test"]), seconds
+
+
+def _mean_sd(values: list[float | None]) -> str:
+    v = [x for x in values if x is not None]
+    if not v:
+        return "–"
+    return f"{np.mean(v):.4f} ± {np.std(v, ddof=1):.4f}" if len(v) > 1 else f"{v[0]:.4f}"
+
+
+def report(rows: list[dict], steps: int, batch: int, threads: str, model: str) -> None:
+    """The seeds' rows as one table: mean ± sd (sample) over seeds, each side."""
+    print(f"\n{steps} iterations of batch {batch}, {threads} threads, {len(rows)} seeds; voxjet "
+          f"model {model}; test cases: {rows[0]['test_cases']} (training {rows[0]['train_cases']}"
+          f", validation {rows[0]['val_cases']})\n")  # fmt: skip
+    print("| class | measure | nnU-Net 2.8.1 | voxjet |")
+    print("|---|---|---|---|")
+    for c, first in rows[0]["nnunet"].items():
+        measures = [("dice", f"Dice over the {first['cases_with']} test cases with it")]
+        if first["cases_without"]:
+            measures += [("false_detection_rate",
+                          f"share of the {first['cases_without']} cases without it where some "
+                          "is predicted"),
+                         ("false_voxels", "voxels predicted there (mean)")]  # fmt: skip
+        for key, what in measures:
+            nnu = _mean_sd([r["nnunet"][c][key] for r in rows])
+            vox = _mean_sd([r["voxjet"][c][key] for r in rows])
+            print(f"| {c} | {what} | {nnu} | {vox} |")
+    print(f"\nseconds (training + test prediction), mean: nnU-Net "
+          f"{np.mean([r['nnunet_s'] for r in rows]):.0f}, voxjet "
+          f"{np.mean([r['voxjet_s'] for r in rows]):.0f}")  # fmt: skip
 
 
 def main() -> None:
+    """Both sides trained and scored for each seed; the table of means ± sd."""
     import yaml
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--datasets", nargs="+", default=["toy_ct", "mni"])
-    ap.add_argument("--steps", type=int, default=1000, help="training iterations, both")
-    ap.add_argument("--epochs", type=int, default=20, help="nnU-Net's epochs (steps a multiple)")
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--cases", type=int, default=None, help="toy CT training cases (demo's: 16)")
-    ap.add_argument("--model", default='{"name": "dynunet", "deep_supervision": true}')
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=3, help="training runs a side (voxjet: seeds)")
+    ap.add_argument("--steps", type=int, default=500, help="training iterations, both")
+    ap.add_argument("--epochs", type=int, default=10, help="nnU-Net's epochs (steps a multiple)")
+    ap.add_argument("--batch", type=int, default=2, help="patches a batch, both")
+    ap.add_argument("--cases", type=int, default=24, help="toy CT labelled cases")
+    ap.add_argument(
+        "--model",
+        default='{"name": "dynunet", "deep_supervision": true}',
+        help="voxjet's model section (JSON)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     if args.steps % args.epochs:
         ap.error("--steps must be a multiple of --epochs")
-    torch_threads = os.environ.setdefault("OMP_NUM_THREADS", "2")
+    threads = os.environ.setdefault("OMP_NUM_THREADS", "2")
     install_trainer()
     demo = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["experiments"]["unet"]
     train = {**demo["train"], "iterations_per_epoch": args.steps // args.epochs}
     run_cfg = {"model": json.loads(args.model), "train": train}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (msd, patch) in datasets(Path(tmp), args.datasets, args.cases).items():
-            work = Path(tmp) / f"{name}_work"
-            (work / "voxjet").mkdir(parents=True)
-            splits, vox, vs = run_voxjet(msd, work / "voxjet", patch, args.steps, args.batch,
-                                         run_cfg)  # fmt: skip
-            info, nnu, ns = run_nnunet(msd, work / "nnunet", patch, args.steps, args.batch,
-                                       splits, args.epochs)  # fmt: skip
-            rows.append({"dataset": name, "patch_xyz": patch, "nnunet": nnu, "voxjet": vox,
+        msd, patch = toy_ct(Path(tmp), args.cases)
+        (Path(tmp) / "voxjet").mkdir()
+        splits = prepare(msd, Path(tmp) / "voxjet", patch)
+        for seed in range(args.seeds):
+            vox, vs = run_voxjet(msd, Path(tmp) / "voxjet", args.steps, args.batch, run_cfg,
+                                 seed, splits)  # fmt: skip
+            info, nnu, ns = run_nnunet(msd, Path(tmp) / f"nnunet_{seed}", patch, args.steps,
+                                       args.batch, splits, args.epochs)  # fmt: skip
+            rows.append({"seed": seed, "patch_xyz": patch, "nnunet": nnu, "voxjet": vox,
                          "voxjet_s": vs, "nnunet_s": ns, "test_cases": len(splits["test"]),
-                         "train_cases": len(splits["train"]), **info})  # fmt: skip
+                         "train_cases": len(splits["train"]), "val_cases": len(splits["val"]),
+                         **info})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
-    print(
-        f"\n{args.steps} iterations of batch {args.batch}, {torch_threads} threads; "
-        f"voxjet model {args.model}\n"
-    )
-    print("| dataset | class | nnU-Net 2.8.1 Dice | voxjet Dice | voxjet − nnU-Net |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        for c in r["nnunet"]:
-            print(f"| {r['dataset']} | {c} | {r['nnunet'][c]:.4f} | {r['voxjet'][c]:.4f} | "
-                  f"{r['voxjet'][c] - r['nnunet'][c]:+.4f} |")  # fmt: skip
+    report(rows, args.steps, args.batch, threads, args.model)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

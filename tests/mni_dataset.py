@@ -1,5 +1,5 @@
 """The MNI152 brain as a small segmentation dataset (MSD layout) from the template nilearn
-ships: what tests/test_volumes.py and benchmarks/seg_quality.py train on (real anatomy that no
+ships: what tests/test_volumes.py trains on (real anatomy that no
 one here shaped for the code)."""
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ def _synth_jets(a: argparse.Namespace) -> None:
         files_per_class=a.files_per_class,
         jets_per_file=a.jets_per_file,
         seed=a.seed,
+        detector=a.detector,
     )
     if a.generator not in ("pythia", "toy"):
         raise VoxjetError(f"generator {a.generator!r}: use 'pythia' or 'toy'")
@@ -252,6 +253,9 @@ def _args_synth_jets(s: argparse.ArgumentParser) -> None:
     s.add_argument("--files-per-class", type=int, default=2, help="ROOT files a class")
     s.add_argument("--jets-per-file", type=int, default=2000, help="jets a file")
     s.add_argument("--seed", type=int, default=1, help="random seed of the generator")
+    s.add_argument("--detector", default="truth", choices=["truth", "smeared"],
+                   help="pythia: exact tracks and the generator's vertices, or a tracker's "
+                        "resolution and vertices found from displaced tracks")  # fmt: skip
 
 
 def _args_synth_volumes(s: argparse.ArgumentParser) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.detector import measured_tracks, reconstructed_vertices
 from voxjet.jets.schema import CLASSES
 from voxjet.jets.synth import R0, SV_FEATURES, ToyJetsConfig, particle_columns, write_jets
 from voxjet.progress import progress as progress_of
@@ -182,7 +183,9 @@ def _taus(fastjet, consts, pt, eta, phi, nmax: int = 4) -> np.ndarray:
     return taus
 
 
-def _jet_record(fastjet, event, jet) -> dict:
+def _jet_record(fastjet, event, jet, rng: np.random.Generator | None = None) -> dict:
+    """One jet's columns; with `rng` as a detector measures it (voxjet.jets.detector): smeared
+    impact parameters, reconstructed vertices; without, the generator's truth."""
     consts = jet.constituents()
     idx = [c.user_index() for c in consts]
     ps = [event[i] for i in idx]
@@ -200,10 +203,16 @@ def _jet_record(fastjet, event, jet) -> dict:
     y = np.array([q.yProd() for q in ps])
     z = np.array([q.zProd() for q in ps])
     charged = charge != 0
-    d0 = np.where(charged, (x * py - y * px) / np.maximum(pt, 1e-9), 0.0)
-    dz = np.where(charged, z - (x * px + y * py) * pz / np.maximum(pt**2, 1e-9), 0.0)
     jeta, jphi = jet.eta(), jet.phi_std()
-    sv = _secondary_vertices(event, (x, y, z), charged, (px, py, pz, e), (jeta, jphi))
+    if rng is None:
+        d0 = np.where(charged, (x * py - y * px) / np.maximum(pt, 1e-9), 0.0)
+        dz = np.where(charged, z - (x * px + y * py) * pz / np.maximum(pt**2, 1e-9), 0.0)
+        d0err, dzerr = np.full(len(ps), D0_ERR), np.full(len(ps), DZ_ERR)
+        sv = _secondary_vertices(event, (x, y, z), charged, (px, py, pz, e), (jeta, jphi))
+    else:
+        tracks = measured_tracks(rng, (x, y, z), (px, py, pz, e), charged)
+        d0, dz, d0err, dzerr = tracks["d0"], tracks["dz"], tracks["d0err"], tracks["dzerr"]
+        sv = reconstructed_vertices(tracks, (px, py, pz, e), charged, (jeta, jphi))
     kind = np.select(
         [hadron & charged, hadron & ~charged, aid == 22, aid == 11, aid == 13], [0, 1, 2, 3, 4], -1
     )
@@ -214,8 +223,8 @@ def _jet_record(fastjet, event, jet) -> dict:
             (phi - jphi + np.pi) % (2 * np.pi) - np.pi,
             charge,
             kind,
-            (d0, np.full(len(ps), D0_ERR)),
-            (dz, np.full(len(ps), DZ_ERR)),
+            (d0, d0err),
+            (dz, dzerr),
         ),
         "jet_pt": jet.pt(),
         "jet_eta": jeta,
@@ -268,7 +277,11 @@ def _secondary_vertices(event, xyz, charged, p4, axis) -> dict[str, np.ndarray]:
 def generate_jets(cls: str, n_jets: int, seed: int, cfg: ToyJetsConfig) -> list[dict]:
     """`n_jets` jets of class `cls` from Pythia events (deterministic by seed)."""
     _, fastjet = _require()
+    if cfg.detector not in ("truth", "smeared"):
+        raise VoxjetError(f"synth-jets: detector {cfg.detector!r}: use truth or smeared")
     p = _pythia(cls, seed)
+    # the detector's measurement errors, from a stream of their own (the events stay the same)
+    rng = np.random.default_rng([seed, 7]) if cfg.detector == "smeared" else None
     jdef = fastjet.JetDefinition(fastjet.antikt_algorithm, R0)
     jets: list[dict] = []
     tries = 0
@@ -301,7 +314,7 @@ def generate_jets(cls: str, n_jets: int, seed: int, cfg: ToyJetsConfig) -> list[
             ]
         for j in found:
             if len(jets) < n_jets:
-                jets.append(_jet_record(fastjet, ev, j))
+                jets.append(_jet_record(fastjet, ev, j, rng))
     return jets
 
 

@@ -42,6 +42,10 @@ class ToyJetsConfig:
     seed: int = 1
     pt_range: tuple[float, float] = (500.0, 1000.0)
     eta_max: float = 2.0
+    # pythia: "truth" (exact impact parameters, the generator's own b/c-hadron decay vertices:
+    # a perfect tracker and vertexer) or "smeared" (voxjet.jets.detector: impact parameters
+    # measured with a tracker's resolution, vertices found from the displaced tracks)
+    detector: str = "truth"
 
 
 @dataclass

@@ -237,6 +237,12 @@ def report(rows: list[dict], steps: int, batch: int, threads: str, model: str) -
           f"{np.mean([r['voxjet_s'] for r in rows]):.0f}")  # fmt: skip
 
 
+def previous_rows(path: Path) -> list[dict]:
+    """The rows an interrupted run printed (one JSON object a line; other lines skipped)."""
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith('{"seed"')]
+
+
 def main() -> None:
     """Both sides trained and scored for each seed; the table of means ± sd."""
     import yaml
@@ -253,6 +259,13 @@ def main() -> None:
         help="voxjet's model section (JSON)",
     )
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--first-seed", type=int, default=0, help="seed of the first run (to resume)")
+    ap.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="rows of earlier seeds (the JSON lines this script printed) to include in the table",
+    )
     args = ap.parse_args()
     if args.steps % args.epochs:
         ap.error("--steps must be a multiple of --epochs")
@@ -261,12 +274,12 @@ def main() -> None:
     demo = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["experiments"]["unet"]
     train = {**demo["train"], "iterations_per_epoch": args.steps // args.epochs}
     run_cfg = {"model": json.loads(args.model), "train": train}
-    rows = []
+    rows = previous_rows(args.previous) if args.previous else []
     with tempfile.TemporaryDirectory() as tmp:
         msd, patch = toy_ct(Path(tmp), args.cases)
         (Path(tmp) / "voxjet").mkdir()
         splits = prepare(msd, Path(tmp) / "voxjet", patch)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             vox, vs = run_voxjet(msd, Path(tmp) / "voxjet", args.steps, args.batch, run_cfg,
                                  seed, splits)  # fmt: skip
             info, nnu, ns = run_nnunet(msd, Path(tmp) / f"nnunet_{seed}", patch, args.steps,

@@ -5,6 +5,7 @@ the clear refusals (a missing branch, another domain's model, a wrong channel co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_new_files_pass_the_test_splits_own_selection(tagger, tmp_path):
     from voxjet.jets.tagger import load_tagger
 
     t = load_tagger(tagger / "run" / "model.pt", torch.device("cpu"))
-    t.data = {**t.data, "test_time_selection": "jet_pt > 800"}
+    t.data = dataclasses.replace(t.data, test_time_selection="jet_pt > 800")
     src = next((tagger / "raw").glob("*.root"))
     predict_file(t, src, tmp_path / "o.root")
     with uproot.open(src) as fin, uproot.open(tmp_path / "o.root") as fout:
@@ -173,8 +174,9 @@ def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
     import onnxruntime as ort
     import torch
 
-    from voxjet.export import Softmax, _jet_inputs, export_model
+    from voxjet.export import export_model
     from voxjet.jets.evaluate import load_trained
+    from voxjet.jets.export import Softmax, _jet_inputs
     from voxjet.jets.train import run
 
     run(str(shards), {"model": {"name": name, **kw}, "train": {"steps": 3, "batch_size": 32}},

@@ -230,6 +230,7 @@ def test_hd95_in_the_original_space_equals_monai_on_the_users_files(tmp_path):
     from monai.metrics import compute_dice, compute_hausdorff_distance
 
     from voxjet.volumes.evaluate import score_case
+    from voxjet.volumes.plan.plan_file import Plan
 
     t1, gm, wm, aff = _mni(step=1)
     box = (slice(60, 124), slice(80, 150), slice(70, 120))
@@ -245,7 +246,7 @@ def test_hd95_in_the_original_space_equals_monai_on_the_users_files(tmp_path):
                       {"background": 0, "brain": 1})  # fmt: skip
     prepared = _prepare(tmp_path, root, target_spacing=[2.0, 2.0, 2.0], patch_size=[16] * 3,
                         network_depth=2, val_fraction=0.25, test_fraction=0.25)  # fmt: skip
-    plan = json.loads((prepared / "plan.json").read_text())
+    plan = Plan.from_dict(json.loads((prepared / "plan.json").read_text()))
     fine = []
     for i in range(4):
         user = nib.load(root / "labelsTr" / f"case_{i:03d}.nii.gz")

@@ -209,7 +209,7 @@ def pad_rows(
     np.less(np.arange(length), (offsets[1:][rows] - starts)[:, None], out=mask)
     np.add(starts[:, None], np.arange(length), out=index)
     np.copyto(index, zero_row, where=~mask)
-    gather_rows(flat, index.reshape(-1), out.reshape(n * length, -1))
+    gather_rows(flat, index.reshape(-1), out.reshape(n * length, out.shape[-1]))
 
 
 # A slab is free when only the pool refers to it, which sys.getrefcount tells on the CPython

@@ -81,4 +81,4 @@ test-fast: dev-venv
 	$(PYTEST) -m "not slow" $(TEST_ARGS)
 
 clean-demo:
-	rm -rf results resources logs .snakemake .voxjet
+	rm -rf results resources logs .snakemake

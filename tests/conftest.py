@@ -180,3 +180,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# A tiny jets workflow (two classes, two files each, a few PFN steps): the runs that test what a
+# second `snakemake` does after a fault, a touch or a change start from one finished copy of it.
+JETS = {
+    "datasets": {
+        "j": {
+            "domain": "jets",
+            "source": {"path": "src"},
+            "jets": {"labels": ["label_QCD", "label_Wqq"], "max_particles": 16},
+        }
+    },
+    "experiments": {
+        "pfn": {
+            "dataset": "j",
+            "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
+            "train": {"steps": 6, "eval_every": 3, "batch_size": 32},
+            "launch": {"gpus": 0, "threads": 1},
+        }
+    },
+}
+JETS_ARGS = ["--cores", "2", "--configfile", "c.yaml", "--replace-workflow-config"]
+
+
+@pytest.fixture(scope="session")
+def finished_jets(tmp_path_factory) -> Path:
+    """The tiny jets workflow run to the end once; copy it (times kept) before changing it."""
+    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+
+    wf = copy_workflow(tmp_path_factory.mktemp("clean") / "wf")
+    generate_dataset(wf / "src", ToyJetsConfig(classes=["QCD", "Wqq"], files_per_class=2,
+                     jets_per_file=150, seed=3), progress=False)  # fmt: skip
+    write_config(wf / "c.yaml", JETS)
+    r = run_snakemake(wf, *JETS_ARGS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return wf

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from conftest import BIN, merge_config, run_snakemake, write_config
 from fake_slurm import calls, options
 from readme import README
+from slurm_jobs import dry_jobs, sbatch_of
 
 from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
 from voxjet.distributed.launch import RDZV_PORT
@@ -145,7 +147,11 @@ def test_a_node_local_training_job_reads_only_its_copy(shards, tmp_path, fake_sl
     assert not list(scratch.glob("voxjet/*/.complete.json"))  # and removed its copy at the end
 
 
+# the names a site gives its queues (config `site.slurm`, the one place a site edits)
+SITE = {"slurm": {"account": "my_account", "cpu_partition": "cpu", "gpu_partition": "gpu",
+                  "gpu_model": "a100"}}  # fmt: skip
 TINY = {
+    "site": SITE,
     "datasets": {
         "toy_jets": {
             "source": {
@@ -198,24 +204,37 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp_path):
     env, state = fake_slurm
     yaml_config(workflow_dir)
-    env = {**env, "FAKE_SLURM_ENERGY_J": "36000"}  # a site whose sacct records energy
-    r = run_snakemake(workflow_dir, *README["slurm-run"][1:], env=speedy(env, tmp_path))
+    env = speedy({**env, "FAKE_SLURM_ENERGY_J": "36000"}, tmp_path)  # sacct records energy
+    dry = run_snakemake(workflow_dir, *README["slurm-dry-run"][1:], env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    r = run_snakemake(workflow_dir, *README["slurm-run"][1:], env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     submitted = {}
     for argv in calls(state, "sbatch"):
         opts = options(argv)
         submitted.setdefault(opts["--comment"].split("_wildcards_")[0], []).append(opts)
+    # the dry run was the submission: what each rule's jobs asked for, as the dry run printed it
+    # (grouped preprocessing goes as one submission of its own)
+    keys = ("--partition", "--cpus-per-task", "--gpus", "--nodes", "--ntasks", "--mem", "--time")
+    printed = defaultdict(set)
+    for job in dry_jobs(dry.stdout):
+        printed[f"rule_{job['rule']}"].add(tuple(sbatch_of(job).get(k) for k in keys))
+    for rule, jobs in submitted.items():
+        single = [o for o in jobs if "group_" not in o["--output"]]
+        if single:
+            assert {tuple(o.get(k) for k in keys) for o in single} == printed[rule], rule
     rules = {"rule_" + r for r in ("synth_jets", "stage", "shard_jets", "train_jets", "aggregate")}
     assert rules <= submitted.keys()
     for rule, jobs in submitted.items():
         for opts in jobs:
             assert opts["--account"] == "my_account" and "--time" in opts and "--mem" in opts
-            # the demo asks for the CPU (GPU requests: the test below); the profile's
-            # gpu_model makes the plugin name it even for 0 GPUs
-            train = rule.startswith(("rule_train_", "rule_evaluate_"))
-            assert opts.get("--gpus") == ("a100:0" if train else None)
-            assert opts["--partition"] == ("gpu" if train else "cpu")
+            # the demo asks for the CPU: every job on the CPU partition, none asking for a GPU
+            # (GPU requests: the test below, and tests/test_cluster.py for every rule)
+            assert "--gpus" not in opts and "--gres" not in opts
+            assert opts["--partition"] == "cpu"
             assert "--cpus-per-task" in opts
+            if rule.startswith(("rule_train_", "rule_evaluate_")):
+                assert opts["--cpus-per-task"] == "1"  # the run's launch.threads
     train = {o["--comment"].split("toy_jets_")[-1]: o for o in submitted["rule_train_jets"]}
     one, two = train["pfn"], train["pfn-2node"]
     assert (one["--time"], one["--mem"], one["--nodes"]) == ("30", "3000", "1")
@@ -229,7 +248,7 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
     # the 5 per-case preprocessing jobs went as one grouped submission, not 5
     assert "rule_preprocess_case" not in submitted
     (group,) = [o for o in sum(submitted.values(), []) if "group_preprocess" in o["--output"]]
-    assert submitted["rule_train_seg"][0]["--partition"] == "gpu"
+    assert submitted["rule_train_seg"][0]["--partition"] == "cpu"
     # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun
     # (its evaluation runs on the experiment's processes too)
     multi = [a for a in calls(state, "srun") if any("--nnodes=2" in x for x in a)]
@@ -260,6 +279,7 @@ def test_gpu_jobs_ask_slurm_for_gpus_and_stop_before_training_without_them(
     env, state = fake_slurm
     exp = {"dataset": "prepared", "model": MODEL, "train": {"steps": 4, "eval_every": 2}}
     cfg = {
+        "site": SITE,
         "datasets": {"prepared": {"domain": "jets", "source": {"prepared": str(shards)}}},
         "experiments": {
             "one": {**exp, "launch": {"gpus": 1, "threads": 1, "runtime": 30, "mem_mb": 3000}},
@@ -286,10 +306,12 @@ def test_gpu_jobs_ask_slurm_for_gpus_and_stop_before_training_without_them(
         options(a)["--comment"].split("prepared_")[-1]: options(a) for a in calls(state, "sbatch")
     }
     one, two = train["one"], train["two"]
-    assert (one["--gpus"], one["--partition"], one["--cpus-per-gpu"]) == ("a100:1", "gpu", "8")
+    assert (one["--gpus"], one["--partition"], one["--cpus-per-task"]) == ("a100:1", "gpu", "1")
     assert (one["--time"], one["--mem"], one["--nodes"]) == ("30", "3000", "1")
     assert (two["--gpus"], two["--nodes"], two["--ntasks"]) == ("a100:4", "2", "2")
-    assert "--cpus-per-task" not in one and "--cpus-per-task" not in two
+    # as many CPUs as the command's threads (launch.threads, on each node), one task a node
+    assert two["--cpus-per-task"] == "2" and "--cpus-per-gpu" not in one
+    assert "--ntasks-per-gpu" not in one and "--ntasks-per-gpu" not in two
     assert out.count("GPU(s) asked for, but this torch") >= 2, out[-4000:]
     assert not list((workflow_dir / "results").rglob("last.pt"))
 
@@ -305,7 +327,6 @@ def yaml_config(workflow_dir: Path) -> Path:
         demo["experiments"].pop(name)
     demo["experiments"]["pfn"].pop("sweep")
     demo["experiments"]["unet"].pop("sweep")  # one run of each domain shows the submissions
-    demo["experiments"]["pfn"].pop("scaling")  # its jobs' submissions: the slurm dry-run test
     write_config(path, merge_config(demo, TINY))
     return path
 

@@ -17,6 +17,7 @@ rule list_runs:
     resources:
         mem_mb=1000,
         runtime=5,
+        **CPU_RESOURCES,
     conda:
         ENV
     script:
@@ -62,6 +63,7 @@ rule aggregate:
     resources:
         mem_mb=2000,
         runtime=10,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

@@ -30,7 +30,7 @@ rule evaluate_jets:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=run_dir("/eval"),
+        out=run_dir("eval"),
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
     benchmark:
@@ -75,7 +75,7 @@ rule evaluate_seg:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=run_dir("/eval"),
+        out=run_dir("eval"),
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
         previous=previous_args(test=True),
@@ -118,7 +118,7 @@ rule validate_seg:
         data=data_location,
         read=read_options,
         launch=launch_args,
-        out=run_dir("/validation"),
+        out=run_dir("validation"),
         overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
         mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
         previous=previous_args(test=False),
@@ -171,6 +171,7 @@ rule find_best:
     resources:
         mem_mb=4000,
         runtime=60,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

@@ -20,9 +20,9 @@ checkpoint plan_runs:
     # each profile runs with the threads one of its run's processes trains with
     threads: plan_threads()
     resources:
-        gpu=plan_gpus(),
         mem_mb=8000,
         runtime=30,
+        **site_resources(plan_gpus()),
     conda:
         ENV
     script:

@@ -7,11 +7,12 @@
 
 rule plan_volumes:
     input:
-        manifest=rules.stage.output[0],
+        manifest=staged_manifest,
         ledger=ledgers(rules.stage.output[0]),
     output:
         directory("results/{dataset}/plan"),
     params:
+        staged=manifest_digest,
         config=data_config("volumes"),
         # planning compares the cases' images (the stage cannot: label files may repeat)
         on_duplicate=lambda wildcards: dataset_cfg(wildcards.dataset)["source"].get(
@@ -27,6 +28,7 @@ rule plan_volumes:
     resources:
         mem_mb=8000,
         runtime=120,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:
@@ -36,12 +38,13 @@ rule plan_volumes:
 
 rule preprocess_case:
     input:
-        manifest=rules.stage.output[0],
+        manifest=staged_manifest,
         plan=rules.plan_volumes.output[0],
         ledger=ledgers(rules.stage.output[0], rules.plan_volumes.output[0]),
     output:
         "results/{dataset}/{cases}/{case}.h5",
     params:
+        staged=manifest_digest,
         configuration=lambda wildcards: CONFIGURATION_OF_CASES[wildcards.cases],
     log:
         "logs/preprocess_case/{dataset}/{cases}/{case}.log",
@@ -58,6 +61,7 @@ rule preprocess_case:
     resources:
         mem_mb=8000,
         runtime=30,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:
@@ -83,6 +87,7 @@ rule gather_cases:
     resources:
         mem_mb=1000,
         runtime=10,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

@@ -4,11 +4,12 @@
 
 rule shard_jets:
     input:
-        manifest=rules.stage.output[0],
+        manifest=staged_manifest,
         ledger=ledgers(rules.stage.output[0]),
     output:
         directory("results/{dataset}/shards/part_{part}"),
     params:
+        staged=manifest_digest,
         config=data_config("jets"),
     log:
         "logs/shard_jets/{dataset}/{part}.log",
@@ -21,6 +22,7 @@ rule shard_jets:
     resources:
         mem_mb=8000,
         runtime=120,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:
@@ -46,6 +48,7 @@ rule index_jets:
     resources:
         mem_mb=1000,
         runtime=10,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

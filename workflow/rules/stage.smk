@@ -1,7 +1,10 @@
-# Copy each dataset to fast storage, verified by checksum; the manifest is written last.
+# Copy each dataset to fast storage, verified by checksum; the manifest is written last. A checkpoint: what reads the manifest is judged again once the
+# stage has run, by the manifest's content (staged_manifest, manifest_digest), so sources that
+# were touched, copied without their times or moved rerun the stage's verification and nothing
+# after it, while a changed source reruns everything built from it.
 
 
-rule stage:
+checkpoint stage:
     input:
         sources=stage_input,
         ledger=ledgers(synthetic_source),
@@ -22,6 +25,7 @@ rule stage:
     resources:
         mem_mb=2000,
         runtime=240,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

@@ -17,6 +17,7 @@ rule synth_jets:
     resources:
         mem_mb=2000,
         runtime=30,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:
@@ -38,6 +39,7 @@ rule synth_volumes:
     resources:
         mem_mb=2000,
         runtime=30,
+        **CPU_RESOURCES,
     conda:
         ENV
     shell:

@@ -58,9 +58,10 @@ def _is_glob(path: str) -> bool:
 
 
 def list_sources(
-    source: str, patterns: list[str]
+    source: str, patterns: list[str], key: str = "the dataset's source.path"
 ) -> tuple[fsspec.AbstractFileSystem, list[SourceFile]]:
-    """Resolve a directory, glob or URL into the files to stage, sorted by relative path."""
+    """Resolve a directory, glob or URL into the files to stage, sorted by relative path
+    (`key`: where the user gave it, for messages)."""
     fs, root = fsspec.core.url_to_fs(source)
     # One listing with sizes (detail=True): no per-file stat calls against remote storage.
     if _is_glob(root):
@@ -73,8 +74,8 @@ def list_sources(
         listing, base = {root: fs.info(root)}, root.rsplit("/", 1)[0]
     else:
         raise VoxjetError(
-            f"source {source!r} does not exist: fix the dataset's source.path in the config "
-            "(a directory, a glob such as /data/*.root, or a URL such as root://host//path/)"
+            f"{source!r} does not exist: fix {key} (a file, a directory, a glob such as "
+            "/data/*.root, or a URL such as root://host//path/)"
         )
     files = []
     for p, info in sorted(listing.items()):
@@ -163,7 +164,7 @@ def _copy_verified(
     raise VoxjetError(f"{src.url}: copy failed after {retries + 1} tries: {last_error}")
 
 
-def _root_entries(path: Path, tree: str | None) -> int | None:
+def _root_entries(path: Path, tree: str | None, tree_key: str = "jets.tree") -> int | None:
     if tree is None or not path.name.endswith(".root"):
         return None
     import uproot
@@ -180,8 +181,8 @@ def _root_entries(path: Path, tree: str | None) -> int | None:
                 )
             if tree not in f:
                 raise VoxjetError(
-                    f"{path}: no tree named {tree!r} (it has {tree_names(f)}); "
-                    "set the dataset's jets.tree in the config"
+                    f"{path}: no tree named {tree!r} (it has {tree_names(f)}); set {tree_key} "
+                    "to the tree your files hold"
                 )
             return int(f[tree].num_entries)
     except VoxjetError:
@@ -204,6 +205,7 @@ class Staging:
     retries: int
     backoff: float
     copied: list[str] = field(default_factory=list)
+    tree_key: str = "jets.tree"  # where the user set the tree, for messages
 
     def _verified(self, src: SourceFile, target: Path, algorithm: str) -> str | None:
         """The digest of a target already in place and equal to its source (the ledger's, or
@@ -234,10 +236,11 @@ class Staging:
         record = {"path": src.relpath, "source": src.url, "size": src.size,
                   "checksum": {algorithm: digest}}  # fmt: skip
         try:
-            entries = _root_entries(target, self.tree)
+            entries = _root_entries(target, self.tree, self.tree_key)
         except VoxjetError as e:
             if self.on_bad_file != "skip":
-                raise
+                raise VoxjetError(f"{e}; or, to stage the other files and have the shard job "
+                                  "skip this one, set jets.on_bad_file: skip") from e  # fmt: skip
             print(f"warning: {e} (staged; the shard job skips it)", file=sys.stderr)
             record["unreadable"] = str(e)
             return record
@@ -288,6 +291,7 @@ def stage(
     file_list: str | None = None,
     on_bad_file: str = "fail",
     on_duplicate: str = "fail",
+    tree_key: str = "jets.tree",
 ) -> dict:
     """Stage `source` (or the files a `file_list` names) into `dest` and write the manifest
     last; returns the manifest. A ROOT file that cannot be opened or lacks the tree stops
@@ -301,7 +305,7 @@ def stage(
     if Path(manifest_path).is_file():
         previous = {f["path"]: f for f in read_json(manifest_path).get("files", [])}
     staging = Staging(dest, expected or {}, previous, Ledger(dest / LEDGER), tree, on_bad_file,
-                      retries, backoff)  # fmt: skip
+                      retries, backoff, tree_key=tree_key)  # fmt: skip
     records, duplicates = drop_duplicates(_stage_all(files, staging, workers), on_duplicate)
     manifest = {"version": MANIFEST_VERSION, "source": source, "root": str(dest), "files": records}
     if duplicates:

@@ -13,49 +13,18 @@ import awkward as ak
 import numpy as np
 import pytest
 import uproot
-from conftest import copy_workflow, run_snakemake, write_config
+from conftest import JETS, copy_workflow, run_snakemake, write_config
+from conftest import JETS_ARGS as ARGS
 
 pytestmark = pytest.mark.slow
 
-JETS = {
-    "datasets": {
-        "j": {
-            "domain": "jets",
-            "source": {"path": "src"},
-            "jets": {"labels": ["label_QCD", "label_Wqq"], "max_particles": 16},
-        }
-    },
-    "experiments": {
-        "pfn": {
-            "dataset": "j",
-            "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
-            "train": {"steps": 6, "eval_every": 3, "batch_size": 32},
-            "launch": {"gpus": 0, "threads": 1},
-        }
-    },
-}
-ARGS = ["--cores", "2", "--configfile", "c.yaml", "--replace-workflow-config"]
 EVAL = Path("results/j/runs/pfn/eval/metrics.json")
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A tiny jets workflow that ran to the end once (two classes, two files each)."""
-    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
-
-    wf = copy_workflow(tmp_path_factory.mktemp("clean") / "wf")
-    generate_dataset(wf / "src", ToyJetsConfig(classes=["QCD", "Wqq"], files_per_class=2,
-                     jets_per_file=150, seed=3), progress=False)  # fmt: skip
-    write_config(wf / "c.yaml", JETS)
-    r = run_snakemake(wf, *ARGS)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return wf
-
-
 @pytest.fixture
-def wf(finished, tmp_path) -> Path:
+def wf(finished_jets, tmp_path) -> Path:
     """A copy of the finished workflow (times kept, Snakemake's records with it)."""
-    return Path(shutil.copytree(finished, tmp_path / "wf", symlinks=True))
+    return Path(shutil.copytree(finished_jets, tmp_path / "wf", symlinks=True))
 
 
 def _rewrite(path: Path, change) -> None:
@@ -164,6 +133,20 @@ def test_flipped_bytes_in_a_train_shard_fail_the_second_run_too(wf):
     third = run_snakemake(wf, *ARGS)
     assert third.returncode == 0, third.stderr[-3000:]
     assert json.loads((wf / EVAL).read_text()) == expected
+
+
+def test_a_failure_survives_clearing_snakemakes_and_voxjets_folders(wf):
+    """After a failed shard job, `rm -rf .snakemake .voxjet` (what users do to clear a stale
+    lock) and a plain `snakemake`: the failure is still there (the states live beside the
+    outputs), so the run fails again instead of "Nothing to be done" over the old results."""
+    _nan_in_part_deta(wf)
+    first = run_snakemake(wf, *ARGS)
+    message = _message(first, "shard_jets")
+    for hidden in (".snakemake", ".voxjet"):
+        shutil.rmtree(wf / hidden, ignore_errors=True)
+    second = run_snakemake(wf, *ARGS)
+    assert second.returncode != 0
+    assert _message(second, "shard_jets") == message
 
 
 def test_a_source_file_present_twice_is_refused_naming_both(wf):

@@ -178,7 +178,11 @@ def test_shard_errors_name_the_file_and_key(toy_root, tmp_path):
             tmp_path / "s",
             JetDataConfig(labels=["label_QCD", "label_Nope"]),
         )
-    with pytest.raises(VoxjetError, match=r"\.root: tree 'tree' has no branches \['part_bogus'\]"):
+    with pytest.raises(
+        VoxjetError,
+        match=r"\.root: tree 'tree' has no branch 'part_bogus' "
+        r"\(read by jets.particle_features\)",
+    ):
         shard_jets(
             tmp_path / "manifest.json",
             tmp_path / "s",

@@ -185,7 +185,7 @@ def test_reweight_classes_grouping_the_labels_equalise_the_groups(reweighted, tm
     lacking = JetDataConfig(
         max_particles=16, weights=_weights(reweight_classes=[*LABELS, "fj_isTop"])
     )
-    with pytest.raises(VoxjetError, match=r"has no branches \['fj_isTop'\]"):
+    with pytest.raises(VoxjetError, match=r"has no branch 'fj_isTop' \(read by jets.weights\)"):
         shard_jets(raw / "m.json", tmp_path / "b", lacking)
 
 

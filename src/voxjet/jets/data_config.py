@@ -16,10 +16,12 @@ from voxjet.jets.leakage import check_inputs, class_names, reweight_labels
 from voxjet.jets.reweight import parse as parse_weights
 from voxjet.jets.weaver_config import resolve
 
+# 5: inputs standardised robustly (median and 16-84% spread, clipped; voxjet.jets.robust),
+# the training split's samples and the outliers in part.json and index.json;
 # 4: each jet's source file and entry (`file`, `entry`), stored as `jets.storage` says (a
 # reader tells the two apart by the `crc32` dataset); 3: a fletcher32 checksum a chunk;
 # 2: particles stored jagged (flat rows + offsets); 1 stored them padded
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 SHARD_KEYS = ("particles", "jets", "labels", "file", "entry")
 SPLITS = ("train", "val", "test")
 
@@ -91,6 +93,9 @@ class JetDataConfig:
     collections: dict = field(default_factory=dict)
     # weaver's `weights:` section (voxjet.jets.reweight): sampling weights for training
     weights: dict | None = None
+    # sentinel values a feature (voxjet.jets.robust): left out of its statistics, given its centre
+    missing: dict[str, float] = field(default_factory=dict)
+    outliers: str = "warn"  # values far outside a feature's percentiles: warn, or fail
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000
@@ -109,6 +114,15 @@ class JetDataConfig:
         config is checked; what it gives is the record every later step reads."""
         jets = resolve(dict(section), where)
         check_inputs(jets, where)
+        colls = (jets.get("collections") or {}).values()
+        known = [*jets.get("particle_features", []), *jets.get("jet_features", []),
+                 *(f for c in colls for f in (c or {}).get("features", []))]  # fmt: skip
+        unknown = sorted(set(jets.get("missing") or {}) - set(known))
+        if unknown:
+            raise VoxjetError(
+                f"config key '{where}.missing': {unknown} are not input features of this "
+                "dataset; name particle, jet or collection features"
+            )
         parse_weights(jets.get("weights"), reweight_labels(jets["labels"]),
                       f"config key '{where}.weights'")  # fmt: skip
         return cls._built(jets, where)

@@ -55,7 +55,8 @@ class JetArrays:
 
 def load_index(shard_dir: str | os.PathLike, opts: ReadOptions | None = None) -> dict:
     """The shard folder's (or URL's) index.json, refusing shards of another format version."""
-    index = read_json_at(shard_dir, "index.json", opts or ReadOptions())
+    index = read_json_at(shard_dir, "index.json", opts or ReadOptions(),
+                         "snakemake -R index_jets (in the workflow)")  # fmt: skip
     if index.get("format_version") != FORMAT_VERSION:
         raise VoxjetError(
             f"{shard_dir}/index.json: shards of format {index.get('format_version')}, this "

@@ -25,11 +25,12 @@ from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.io.trees import branch_type, tree_names
 from voxjet.jets import reweight
+from voxjet.jets.branch_reads import Reads, missing_message, needed, reads_of, tree_key
 from voxjet.jets.collections import (
     collection_arrays,
-    collection_inputs,
     collection_sums,
     empty_in_every_jet,
+    masks,
     parse_collections,
 )
 from voxjet.jets.data_config import FORMAT_VERSION, SHARD_KEYS, SPLITS, JetDataConfig
@@ -37,17 +38,26 @@ from voxjet.jets.expressions import Variables
 from voxjet.jets.features import (
     TEST_SELECTION,
     all_finite,
-    branches_needed,
     compute_features,
     labels_from_onehot,
     select,
-    variables,
 )
 from voxjet.jets.jagged import offsets_of, take_from_chunks
 from voxjet.jets.leakage import class_names, label_branches, reweight_labels
+from voxjet.jets.robust import (
+    CLIP,
+    Sample,
+    add_outliers,
+    centre_and_spread,
+    describe_outliers,
+    merge_outliers,
+    missing_values,
+    outliers,
+)
+from voxjet.jets.robust import DESCRIPTION as ROBUST
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
-from voxjet.jets.targets import check_values, expression_names, parse_targets, variable_name
-from voxjet.jets.weaver_config import AUTO_SAMPLE, auto_variables, standardise
+from voxjet.jets.targets import check_values, parse_targets, variable_name
+from voxjet.jets.weaver_config import auto_variables, standardise
 from voxjet.progress import progress
 
 
@@ -150,18 +160,17 @@ def _open_tree(path: Path, cfg: JetDataConfig):
     if cfg.tree not in f:
         found = tree_names(f)
         f.close()
-        raise BadFile(f"{path}: no tree {cfg.tree!r} (found {found}); set jets.tree in the config")
+        raise BadFile(f"{path}: no tree {cfg.tree!r} (found {found}); set {tree_key(cfg)}")
     return f, f[cfg.tree]
 
 
-def _check_branches(path: Path, tree, cfg: JetDataConfig, branches: list[str], types: dict) -> None:
-    need = branches + label_branches(cfg.labels)
+def _check_branches(path: Path, tree, job: ShardJob) -> None:
+    cfg, types = job.cfg, job.types
+    reads = Reads(job.v, job.branches, job.targets, job.colls, job.rw)
+    need = needed(cfg, reads)
     missing = [b for b in need if b not in tree]
     if missing:
-        raise BadFile(
-            f"{path}: tree {cfg.tree!r} has no branches {missing}; fix jets.labels / "
-            "particle_features / jet_features / new_variables / selection / weights in the config"
-        )
+        raise BadFile(missing_message(path, tree, cfg, reads, missing))
     for b in need:
         t = branch_type(tree, b)  # a TTree's branch or an RNTuple's field alike
         if types.setdefault(b, (t, path))[0] != t:
@@ -364,45 +373,62 @@ def _target_sums(t: np.ndarray) -> dict[str, np.ndarray | int]:
             "targets_sumsq": np.einsum("nf,nf->f", t, t, dtype=np.float64)}  # fmt: skip
 
 
-AUTO_SAMPLE_FILE = "auto_sample.npy"
+def _samples_and_outliers(job: ShardJob, chunks: list[dict], train_jet: np.ndarray) -> tuple:
+    """A sample of the training split's particles, jets and collection objects (each input's
+    percentiles come from it: voxjet.jets.robust), and the values of every split that lie far
+    outside the job's own percentiles, with their file and entries."""
+    cfg, seed = job.cfg, [cfg_seed(job.cfg), job.part]
+    kinds = {"particles": cfg.particle_features, "jets": cfg.jet_features,
+             **{c.key: c.features for c in job.colls}}  # fmt: skip
+    missing = {k: missing_values(names, cfg.missing) for k, names in kinds.items()}
+    rows = {k: [] for k in kinds}  # each chunk's rows of each input, and their entries
+    for c, keep in zip(chunks, train_jet, strict=True):
+        counts = np.diff(c["offsets"])
+        rows["particles"].append((c["particles"], np.repeat(c["entry"], counts),
+                                  np.repeat(keep, counts)))  # fmt: skip
+        rows["jets"].append((c["jets"], c["entry"], keep))
+        for coll in job.colls:
+            real = masks(c[coll.count_key], coll.length)
+            n = real.sum(1)
+            entries, train = np.repeat(c["entry"], n), np.repeat(keep, n)
+            rows[coll.key].append((c[coll.key][real], entries, train))
+    samples, report, totals = {}, {}, {}
+    for k, names in kinds.items():
+        total = int(sum(int(t.sum()) for _, _, t in rows[k]))
+        sample = Sample(total, [*seed, len(samples)])
+        for values, _, train in rows[k]:
+            sample.add(values[train])
+        samples[k] = sample.array(len(names))
+        centre, spread = centre_and_spread(samples[k], missing[k])
+        totals[k] = int(sum(len(v) for v, _, _ in rows[k]))
+        for (values, entries, _), c in zip(rows[k], chunks, strict=True):
+            far = outliers(values, centre, spread, missing[k])
+            if far.any():
+                file = job.files[int(c["file"][0])]["path"] if len(c["file"]) else "?"
+                add_outliers(report, k, names, values, far, entries, file)
+    return samples, report, totals
 
 
-class _AutoSample:
-    """A uniform sample (about AUTO_SAMPLE a shard job) of the training split's particle values
-    of the variables a weaver config standardises automatically."""
-
-    def __init__(self, names: list[str], cfg: JetDataConfig, chunks: list[dict],
-                 chunk_of: np.ndarray, row_in: np.ndarray, train_rows: np.ndarray,
-                 part: int) -> None:  # fmt: skip
-        self.cols = [cfg.particle_features.index(n) for n in names]
-        self.parts: list[np.ndarray] = []
-        self.rng = np.random.default_rng([cfg.seed, part, 7])
-        if names:
-            counts = np.concatenate([np.diff(c["offsets"]) for c in chunks] or [np.zeros(0)])
-            first = np.concatenate([[0], np.cumsum([len(c["labels"]) for c in chunks])])
-            total = int(counts[first[chunk_of[train_rows]] + row_in[train_rows]].sum())
-            self.keep = min(1.0, AUTO_SAMPLE / max(total, 1))
-
-    def add(self, piece: dict[str, np.ndarray]) -> None:
-        """Take the sample's share of a training shard's particles."""
-        if self.cols:
-            p = piece["particles"]
-            self.parts.append(p[self.rng.random(len(p)) < self.keep][:, self.cols])
-
-    def save(self, path: Path) -> str:
-        """The sample as a .npy file beside part.json; its name."""
-        np.save(path, np.concatenate(self.parts) if self.parts else np.zeros((0, len(self.cols))))
-        return path.name
+def cfg_seed(cfg: JetDataConfig) -> int:
+    """The data config's seed (the samples' random streams start from it)."""
+    return int(cfg.seed)
 
 
-def _auto_inputs(parts: list[tuple[Path, dict]], groups: dict) -> dict:
+def _sample_of(parts: list[tuple[Path, dict]], kind: str, width: int) -> np.ndarray:
+    """The parts' samples of one input (particles, jets or a collection's objects)."""
+    found = [np.load(d / p["samples"][kind]) for d, p in parts if kind in p.get("samples", {})]
+    return np.concatenate(found) if found else np.zeros((0, width), np.float32)
+
+
+def _auto_inputs(parts: list[tuple[Path, dict]], groups: dict, cfg: JetDataConfig) -> dict:
     """The weaver input groups with their "auto" centres and scales from the parts' samples."""
     names = auto_variables(groups)
-    sample = np.concatenate([np.load(d / p["auto_sample"]) for d, p in parts if "auto_sample" in p])
+    sample = _sample_of(parts, "particles", len(cfg.particle_features))
     if not len(sample):
         raise VoxjetError("weaver_config: no training particle to compute the automatic "
                           f"standardisation of {names} from")  # fmt: skip
-    return standardise(groups, {n: sample[:, i] for i, n in enumerate(names)})
+    cols = {n: sample[:, cfg.particle_features.index(n)] for n in names}
+    return standardise(groups, cols)
 
 
 def _add_counts(counts: list[dict[str, int]]) -> dict[str, int]:
@@ -457,20 +483,9 @@ def _shard_job(manifest_path: str | os.PathLike, cfg: JetDataConfig, part: int,
         raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
     for f in files:  # a file in no split (or two) stops the job before any reading
         file_split(f["path"], cfg)
-    targets = parse_targets(cfg.targets)
-    v = variables({**cfg.new_variables, **expression_names(targets)}, cfg.selection,
-                  cfg.test_time_selection)  # fmt: skip
-    branches = branches_needed(v, cfg.particle_features, cfg.jet_features, cfg.sort_by)
-    colls = parse_collections(cfg.collections)
-    more = v.branches([variable_name(t.name) for t in targets] + collection_inputs(colls))
-    more += [c.count for c in colls if c.count]
-    branches += [b for b in dict.fromkeys(more) if b not in branches]
-    rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
-    if rw is not None:
-        wanted = rw["vars"] + (rw["classes"] if rw.get("by_branches") else [])
-        branches += [b for b in v.branches(wanted) if b not in branches]
-    return ShardJob(cfg, part, parts, Path(manifest["root"]), files, v, branches, targets,
-                    colls, rw)  # fmt: skip
+    r = reads_of(cfg)
+    return ShardJob(cfg, part, parts, Path(manifest["root"]), files, r.v, r.branches, r.targets,
+                    r.colls, r.rw)  # fmt: skip
 
 
 def _read_file(job: ShardJob, number: int, entry: dict) -> None:
@@ -482,7 +497,7 @@ def _read_file(job: ShardJob, number: int, entry: dict) -> None:
             raise BadFile(entry["unreadable"])
         f, tree = _open_tree(path, cfg)
         with f:
-            _check_branches(path, tree, cfg, job.branches, job.types)
+            _check_branches(path, tree, job)
             n = _entries(path, tree, entry)
             if n == 0:
                 raise BadFile(f"{path}: tree {cfg.tree!r} has 0 entries (an empty file); "
@@ -502,6 +517,9 @@ def _read_file(job: ShardJob, number: int, entry: dict) -> None:
         if source and source.removeprefix("file://") != str(path):
             e = BadFile(f"{e} [the staged copy of your file {source}]")  # noqa: PLW2901
         if cfg.on_bad_file == "fail":
+            if "on_bad_file" not in str(e):
+                e = BadFile(f"{e}; or, to shard the other files without this one, set "  # noqa: PLW2901
+                            "jets.on_bad_file: skip")  # fmt: skip
             raise e from e.__cause__
         print(f"skipping: {e}", file=sys.stderr)
         job.skipped.append({"file": entry["path"], "reason": str(e)})
@@ -531,9 +549,8 @@ def _write_splits(job: ShardJob, tmp: Path) -> dict:
                      "entries_per_file": job.entries_per_file, "dropped_labels": job.dropped,
                      "skipped": job.skipped, "splits": {}, "empty_collections": job.empties,
                      "source_files": [f["path"] for f in job.files]}  # fmt: skip
-    auto = auto_variables(cfg.weaver_inputs)
-    train_rows = order[split_code[order] == 0]
-    sample = _AutoSample(auto, cfg, chunks, chunk_of, row_in, train_rows, job.part)
+    train_jet = np.split(split_code == 0, np.cumsum([len(c["labels"]) for c in chunks])[:-1])
+    samples, far, totals = _samples_and_outliers(job, chunks, train_jet if chunks else [])
     plane = None
     if rw is not None and not rw["precomputed"]:
         plane = reweight.empty_counts(rw, len(classes))
@@ -550,7 +567,6 @@ def _write_splits(job: ShardJob, tmp: Path) -> dict:
             shards.append({"file": name, "jets": int(len(piece["labels"])), "bytes": size})
             if split == "train":
                 sums.append(_sums(piece, colls))
-                sample.add(piece)
                 if plane is not None:  # the reweighting plane's counts, for the index job
                     plane += reweight.histograms(piece["reweight"], piece["labels"], rw,
                                                  len(classes))  # fmt: skip
@@ -563,8 +579,13 @@ def _write_splits(job: ShardJob, tmp: Path) -> dict:
         }
     if plane is not None:
         summary["reweight_counts"] = plane.tolist()
-    if auto:
-        summary["auto_sample"] = sample.save(tmp / AUTO_SAMPLE_FILE)
+    summary["samples"] = {}
+    for kind, values in samples.items():
+        np.save(tmp / f"sample_{kind}.npy", values)
+        summary["samples"][kind] = f"sample_{kind}.npy"
+    summary["outliers"], summary["values"] = far, totals
+    for line in describe_outliers(far, totals):
+        print(f"warning: {line}", file=sys.stderr)
     return summary
 
 
@@ -664,8 +685,38 @@ def _gather_splits(index: dict, parts: list[tuple[Path, dict]]) -> None:
         )
 
 
+def _robust_standardisation(index: dict, parts: list[tuple[Path, dict]],
+                            cfg: JetDataConfig) -> None:  # fmt: skip
+    """Each model input's centre and scale (voxjet.jets.robust) from the parts' samples of the
+    training split, under the keys the models read (`particle_mean`/`particle_std`: the centre
+    and the scale), the clip and the declared missing values; the values far outside, listed
+    (an error with jets.outliers: fail)."""
+    kinds = {"particles": ("particle", cfg.particle_features)}
+    kinds |= {c.key: (c.key, c.features) for c in parse_collections(cfg.collections)}
+    for kind, (key, names) in kinds.items():
+        centre, spread = centre_and_spread(_sample_of(parts, kind, len(names)),
+                                           missing_values(names, cfg.missing))  # fmt: skip
+        index[f"{key}_mean"], index[f"{key}_std"] = centre.tolist(), spread.tolist()
+    index["standardisation"] = ROBUST
+    index["input_clip"] = CLIP
+    index["particle_missing"] = missing_values(cfg.particle_features, cfg.missing)
+    far = merge_outliers([p.get("outliers", {}) for _, p in parts])
+    totals = _add_counts([p.get("values", {}) for _, p in parts])
+    index["outliers"] = far
+    lines = describe_outliers(far, totals)
+    if lines and cfg.outliers == "fail":
+        raise VoxjetError("values far outside their features' percentiles (a sentinel such as "
+                          "-999 or an overflow?):\n  " + "\n  ".join(lines) + "\ndeclare a "
+                          "sentinel in jets.missing ({feature: value}), or set jets.outliers: "
+                          "warn to train with them clipped")  # fmt: skip
+    for line in lines:
+        print(f"warning: {line} (clipped to ±{CLIP:g} after standardisation; declare a "
+              "sentinel in jets.missing)", file=sys.stderr)  # fmt: skip
+
+
 def _standardisation(index: dict, parts: list[tuple[Path, dict]], cfg: JetDataConfig) -> None:
-    """Each input's mean and std over the training split (from the parts' sums)."""
+    """Each input's mean and std over the training split (from the parts' sums); the model
+    inputs' are replaced by their robust centre and scale (_robust_standardisation)."""
     sums = [p["splits"]["train"]["sums"] for _, p in parts if "sums" in p["splits"]["train"]]
     colls = parse_collections(cfg.collections)
     kinds = ("particles", "jets", *(("targets",) if cfg.targets else ()), *(c.key for c in colls))
@@ -693,11 +744,12 @@ def index_shards(
     _check_selected(parts, cfg)
     _gather_splits(index, parts)
     if auto_variables(cfg.weaver_inputs):
-        index["weaver_inputs"] = _auto_inputs(parts, cfg.weaver_inputs)
+        index["weaver_inputs"] = _auto_inputs(parts, cfg.weaver_inputs, cfg)
     rw = reweight.parse(cfg.weights, reweight_labels(cfg.labels), "jets.weights")
     if rw is not None:
         index["reweight"] = _reweight_index(rw, [p for _, p in parts], reweight_labels(cfg.labels))
     _standardisation(index, parts, cfg)
+    _robust_standardisation(index, parts, cfg)
     with atomic_path(Path(out)) as tmp:
         tmp.write_text(json.dumps(index, indent=2) + "\n")
     return index

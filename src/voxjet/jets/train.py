@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,9 @@ class JetTask:
             "n_classes": self.n_classes + len(output_columns(self.targets)),
             "particle_mean": self.index["particle_mean"],
             "particle_std": self.index["particle_std"],
+            # the robust standardisation's clip and the declared missing values (index.json)
+            "input_clip": self.index.get("input_clip"),
+            "particle_missing": self.index.get("particle_missing"),
             "feature_names": self.index["particle_features"],
             **model_cfg,
         }
@@ -103,6 +107,11 @@ class JetTask:
             self.device_keys = (*JetTask.device_keys, *collection_keys(self.index))
         self.s = s
         self.experiment = ""  # for the trackers (MLflow's experiment)
+        # the loss of a tagger that guesses (uniform scores; standardised targets predicted 0):
+        # a loss far above it for long is a diverged run (voxjet.training.divergence)
+        self.chance_loss = math.log(max(self.n_classes, 2)) + sum(
+            t.weight * (math.log(len(t.classes)) if t.classes else 1.0) for t in self.targets
+        )
         # one stream for the run: read in this process, its buffer serves every epoch (new
         # memory each epoch costs a page fault every 4 KiB, at the epoch boundary)
         self._stream: JetStream | None = None

@@ -98,6 +98,9 @@ def train_summary(lines: list[dict[str, Any]]) -> dict[str, float]:
     }
     if rate_key:
         out[f"train_{rate_key}"] = sum(r[rate_key] for r in steps) / len(steps)
+    diverged = next((r for r in lines if r.get("diverged")), None)
+    if diverged is not None:  # voxjet.training.divergence
+        out["diverged_at_step"] = float(diverged["step"])
     return out
 
 
@@ -276,7 +279,13 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                 )
                 t[r["metric"]] = r["value"]
         cols = COLUMNS[domain] + _target_columns(table)
-        ranked = sorted(table.items(), key=lambda kv: -_rank_value(kv[1].get(head), higher))
+        diverged = {r["run"]: int(r["value"]) for r in rows
+                    if r["dataset"] == ds and r["metric"] == "diverged_at_step"}  # fmt: skip
+        # a diverged run is never ranked among the others: it comes last, marked
+        ranked = sorted(
+            table.items(),
+            key=lambda kv: (kv[0] in diverged, -_rank_value(kv[1].get(head), higher)),
+        )
         out += [
             f"## {ds} ({domain}) — ranked by {head}",
             "",
@@ -284,7 +293,9 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
             "|---|---|---|---|" + "---|" * len(cols),
         ]
         for i, (run, t) in enumerate(ranked, 1):
-            star = " ★" if i == 1 else ""
+            star = " ★" if i == 1 and run not in diverged else ""
+            if run in diverged:
+                star = f" ⚠ diverged at step {diverged[run]}"
             out.append(
                 f"| {i} | {run}{star} | {t['experiment']} | {t['params'] or '–'} | "
                 + " | ".join(

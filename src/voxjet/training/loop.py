@@ -28,6 +28,7 @@ from voxjet.io.prefetch import prefetch
 from voxjet.progress import Progress
 from voxjet.training import accounting, identity
 from voxjet.training.compiled import compile_errors
+from voxjet.training.divergence import DivergenceWatch
 from voxjet.training.logger import StepTimer, Trackers
 from voxjet.training.run_files import RunFiles
 from voxjet.training.state import TrainState, new_state, parallelise
@@ -156,6 +157,13 @@ class Trainer:
         rec[self.rate_key] = rec.pop("items_per_s")
         self.meter.sample()
         self._record(rec)
+        diverged = self.watch.update(state.step, mean_loss)
+        if diverged is not None:
+            self._record(diverged)
+            if self.rt.is_main:
+                print(f"warning: run diverged at step {state.step}: {diverged['why']}; the run "
+                      "is marked diverged in metrics.jsonl and the summary (lower train.lr)",
+                      file=sys.stderr)  # fmt: skip
         state.new_window(self.s.log_every, self.rt.device, reset_count=True)
         timer.reset()
 
@@ -209,6 +217,7 @@ class Trainer:
         self.meter = accounting.Session.start(rt.device, rt.is_main, nodes=max(1, nodes))
         state = new_state(self.task, s, rt, self.horizon)
         _, self.log = self.files.resume(state)
+        self.watch = DivergenceWatch(getattr(self.task, "chance_loss", None))
         parallelise(state, self.task, s, rt)
         self.trackers = Trackers(
             self.run_dir,
@@ -251,7 +260,8 @@ class Trainer:
             preempt.restore()
             self.trackers.close()
         self.files.export(state, self.task, self.meter, self.log)
-        return {"step": state.step, "best": state.best}
+        return {"step": state.step, "best": state.best,
+                "diverged": (self.watch.flagged or {}).get("step")}  # fmt: skip
 
     def after_step(self, state: TrainState, timer: StepTimer, bar: Progress, preempt: Any) -> bool:
         """Logging, validation and checkpoints when their intervals come round, and the

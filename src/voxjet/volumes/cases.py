@@ -27,6 +27,7 @@ class LoadedCase:
     affine: np.ndarray  # the original image's
     spacing: np.ndarray  # along R, A, S
     original_label: np.ndarray  # as stored, on the original grid
+    label_values: tuple[int, ...] = ()  # the values the label map holds
 
 
 def label_values(label: np.ndarray) -> np.ndarray:
@@ -126,6 +127,7 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
         affine,
         ras_spacing(affine),
         label,
+        tuple(int(v) for v in values),
     )
 
 

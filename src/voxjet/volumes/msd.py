@@ -86,6 +86,20 @@ def case_id_of(rel: str) -> str:
     return name[: -len(ending)] if ending else name
 
 
+def check_consecutive(labels: dict[int, str], meta_path: Path) -> None:
+    """Label values 0, 1, …, n−1, as nnU-Net's verify_dataset_integrity requires: a gap would
+    give the network an output class no voxel ever has."""
+    values = sorted(labels)
+    if values != list(range(len(values))):
+        want = list(range(len(values)))
+        pairs = " ".join(f"{a}:{b}" for a, b in zip(values, want, strict=True) if a != b)
+        raise VoxjetError(
+            f"{meta_path}: label values {values} are not consecutive integers from 0 "
+            f"(expected {want}); renumber them in dataset.json and the label files, e.g. "
+            f"`voxjet relabel --dataset {meta_path.parent} --map {pairs} --out <new folder>`"
+        )
+
+
 def _labels(meta: dict, meta_path: Path):
     """(label values → names, regions or None, region order or None) of either form."""
     raw = meta["labels"]
@@ -161,11 +175,19 @@ def _v2_cases(root: Path, folder: str, ending: str, n_channels: int, labelled: b
     return cases
 
 
-def load_dataset(root: str | os.PathLike) -> MSDDataset:
+def load_dataset(root: str | os.PathLike, check_labels: bool = True) -> MSDDataset:
     """Parse dataset.json in either form (and splits_final.json) and check that every
     referenced file exists."""
     root = Path(root)
     meta_path = root / "dataset.json"
+    if not meta_path.is_file():
+        has = sorted(p.name for p in root.iterdir())[:8] if root.is_dir() else []
+        raise VoxjetError(
+            f"{root}: no dataset.json (it holds {has or 'nothing'}); a volumes dataset is a "
+            "Medical Segmentation Decathlon or nnU-Net raw folder: dataset.json beside "
+            "imagesTr/ (and labelsTr/). Point source.path at such a folder, or write its "
+            "dataset.json (config/README.md, `source`)"
+        )
     meta = read_json(meta_path)
     if "channel_names" in meta:  # nnU-Net v2
         channels = [str(meta["channel_names"][k]) for k in sorted(meta["channel_names"], key=int)]
@@ -173,6 +195,8 @@ def load_dataset(root: str | os.PathLike) -> MSDDataset:
         if ending not in ENDINGS:
             raise VoxjetError(f"{meta_path}: file_ending {ending!r}; readable: {list(ENDINGS)}")
         labels, regions, order = _labels(meta, meta_path)
+        if check_labels:
+            check_consecutive(labels, meta_path)
         cases = _v2_cases(root, "imagesTr", ending, len(channels), True, meta_path)
         tests = _v2_cases(root, "imagesTs", ending, len(channels), False, meta_path)
         n = meta.get("numTraining")
@@ -182,6 +206,8 @@ def load_dataset(root: str | os.PathLike) -> MSDDataset:
     elif "modality" in meta and "training" in meta:
         channels = [str(meta["modality"][k]) for k in sorted(meta["modality"], key=int)]
         labels, regions, order = _labels(meta, meta_path)
+        if check_labels:
+            check_consecutive(labels, meta_path)
         cases = [
             Case(case_id_of(t["image"]), (t["image"],), t.get("label")) for t in meta["training"]
         ]

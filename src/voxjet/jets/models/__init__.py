@@ -35,5 +35,6 @@ def build_model(name: str, collections: list[dict] | None = None, **kwargs) -> n
     model = MODELS[name](**kwargs)
     if collections:
         model = CollectionEmbedding(model, kwargs["feature_names"], kwargs["particle_mean"],
-                                    kwargs["particle_std"], collections)  # fmt: skip
+                                    kwargs["particle_std"], collections,
+                                    clip=kwargs.get("input_clip"))  # fmt: skip
     return model

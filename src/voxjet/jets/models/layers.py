@@ -31,12 +31,23 @@ def feature_indices(feature_names: list[str], needed: tuple[str, ...], model: st
 
 
 class Standardize(nn.Module):
-    """(x - mean) / std with statistics stored as buffers."""
+    """(x - centre) / scale with statistics stored as buffers (voxjet.jets.robust: the median
+    and the 16-84% spread); with `clip`, clipped to ±clip, and with `missing`, a feature's
+    declared missing value (None: none) replaced by its centre first."""
 
-    def __init__(self, mean: list[float], std: list[float]) -> None:
+    def __init__(self, mean: list[float], std: list[float], clip: float | None = None,
+                 missing: list[float | None] | None = None) -> None:  # fmt: skip
         super().__init__()
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
+        self.clip = clip
+        self.has_missing = missing is not None and any(m is not None for m in missing)
+        if self.has_missing:
+            values = [float("nan") if m is None else m for m in missing]
+            self.register_buffer("missing", torch.tensor(values, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
+        if self.has_missing:
+            x = torch.where(x == self.missing, self.mean.to(x.dtype), x)
+        z = (x - self.mean) / self.std
+        return z.clamp(-self.clip, self.clip) if self.clip is not None else z

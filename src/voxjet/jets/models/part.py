@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voxjet.jets.model_inputs import PART_PAIR_FEATURES
 from voxjet.jets.models.layers import Standardize, feature_indices
 
 _EPS = 1e-8
@@ -93,10 +94,12 @@ class ParT(nn.Module):
         class_blocks: int = 2,
         pair_dim: int = 64,
         dropout: float = 0.1,
+        input_clip: float | None = None,
+        particle_missing: list[float | None] | None = None,
     ) -> None:
         super().__init__()
-        self.norm = Standardize(particle_mean, particle_std)
-        self.idx = feature_indices(feature_names, ("part_deta", "part_dphi", "part_pt_log"), "part")
+        self.norm = Standardize(particle_mean, particle_std, input_clip, particle_missing)
+        self.idx = feature_indices(feature_names, PART_PAIR_FEATURES, "part")
         self.heads = heads
         self.embed = nn.Sequential(
             nn.LayerNorm(n_features), nn.Linear(n_features, dim), nn.GELU(), nn.Linear(dim, dim)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from voxjet.jets.model_inputs import PARTICLENET_POINTS
 from voxjet.jets.models.layers import Standardize, feature_indices
 
 _FAR = 1e9  # padded particles are moved this far away so kNN never picks them
@@ -70,10 +71,12 @@ class ParticleNet(nn.Module):
         ),
         fc_size: int = 256,
         dropout: float = 0.1,
-        points: tuple[str, ...] = ("part_deta", "part_dphi"),
+        points: tuple[str, ...] = PARTICLENET_POINTS,
+        input_clip: float | None = None,
+        particle_missing: list[float | None] | None = None,
     ) -> None:
         super().__init__()
-        self.norm = Standardize(particle_mean, particle_std)
+        self.norm = Standardize(particle_mean, particle_std, input_clip, particle_missing)
         # the coordinates neighbours are found in (a weaver config's pf_points group's)
         self.coords = feature_indices(feature_names, tuple(points), "particlenet")
         self.input_bn = nn.BatchNorm1d(n_features)

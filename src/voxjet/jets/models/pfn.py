@@ -22,9 +22,11 @@ class PFN(nn.Module):
         f_sizes: tuple[int, ...] = (128, 128),
         dropout: float = 0.0,
         feature_names: list[str] | None = None,
+        input_clip: float | None = None,
+        particle_missing: list[float | None] | None = None,
     ) -> None:
         super().__init__()
-        self.norm = Standardize(particle_mean, particle_std)
+        self.norm = Standardize(particle_mean, particle_std, input_clip, particle_missing)
         self.phi = mlp([n_features, *phi_sizes])
         self.f = nn.Sequential(
             mlp([phi_sizes[-1], *f_sizes]), nn.Dropout(dropout), nn.Linear(f_sizes[-1], n_classes)

@@ -21,8 +21,10 @@ class CollectionEmbedding(nn.Module):
     particle features and appended to the particles before the tagger's own layers."""
 
     def __init__(self, base: nn.Module, feature_names: list[str], particle_mean: list[float],
-                 particle_std: list[float], collections: list[dict]) -> None:  # fmt: skip
+                 particle_std: list[float], collections: list[dict],
+                 clip: float | None = None) -> None:  # fmt: skip
         super().__init__()
+        self.clip = clip  # the collections' standardised inputs, clipped as the particles
         self.base = base
         self.names = [c["name"] for c in collections]
         self.proj = nn.ModuleList()
@@ -53,6 +55,8 @@ class CollectionEmbedding(nn.Module):
         for k, proj in enumerate(self.proj):
             x, m = extra[2 * k], extra[2 * k + 1].bool()
             z = (x - getattr(self, f"mean_{k}")) / getattr(self, f"std_{k}")
+            if self.clip is not None:
+                z = z.clamp(-self.clip, self.clip)
             learned = proj(z) * getattr(self, f"pstd_{k}") + getattr(self, f"pmean_{k}")
             copied = x.index_select(-1, getattr(self, f"src_{k}"))
             row = torch.cat([copied, learned], -1).index_select(-1, getattr(self, f"order_{k}"))

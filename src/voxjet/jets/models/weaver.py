@@ -227,10 +227,11 @@ def _factory(kind: str):
     def build(n_classes: int, feature_names: list[str], weaver_inputs: dict | None = None,
               pretrained: str | None = None, network: dict | None = None,
               n_features: int | None = None, particle_mean: Any = None,
-              particle_std: Any = None,
+              particle_std: Any = None, input_clip: Any = None, particle_missing: Any = None,
               collections: list[dict] | None = None) -> WeaverTagger:  # fmt: skip
         # weaver's inputs are standardised by the data config's own centres and scales, not by
-        # the shards' statistics (n_features, particle_mean/std are voxjet's models' inputs)
+        # the shards' statistics (n_features, particle_mean/std, input_clip, particle_missing
+        # are voxjet's models' inputs)
         return WeaverTagger(kind, n_classes, feature_names, weaver_inputs, pretrained,
                             collections, **(network or {}))  # fmt: skip
 

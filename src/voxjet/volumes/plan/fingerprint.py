@@ -44,11 +44,26 @@ def inspect_cases(
             continue
         box = crop_box(lc.image)
         stats[cid] = {
+            "labels": list(lc.label_values),
             "spacing": lc.spacing.tolist(),
             "shape": [b - a for a, b in box],
             "fg": _foreground_sample(lc, cfg.foreground_samples, rng),
         }
     return stats, skipped
+
+
+def check_labels_seen(stats: dict[str, dict], ds: MSDDataset) -> None:
+    """Every declared label value is in some labelled case (nnU-Net's integrity check): a class
+    no case has cannot be learned, and its Dice would be NaN in every evaluation."""
+    seen = {v for s in stats.values() for v in s.get("labels", [])}
+    never = sorted(set(ds.labels) - seen)
+    if never:
+        names = {v: ds.labels[v] for v in never}
+        raise VoxjetError(
+            f"{ds.root / 'dataset.json'}: label(s) {names} are declared but in none of the "
+            f"{len(stats)} labelled cases; remove them from dataset.json (renumbering the rest: "
+            "`voxjet relabel`), or add cases that have them"
+        )
 
 
 def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:

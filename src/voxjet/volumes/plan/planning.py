@@ -16,7 +16,7 @@ from voxjet.io.atomic import atomic_path, read_json
 from voxjet.stage.transfer import name_sources
 from voxjet.volumes.msd import Case, MSDDataset, load_dataset
 from voxjet.volumes.plan.experiment import make_plan
-from voxjet.volumes.plan.fingerprint import fingerprint_from, inspect_cases
+from voxjet.volumes.plan.fingerprint import check_labels_seen, fingerprint_from, inspect_cases
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.settings import VolumePrepConfig
 from voxjet.volumes.splits import split_cases
@@ -60,6 +60,7 @@ def plan_dataset(ds: MSDDataset, cfg: VolumePrepConfig, manifest: dict | None = 
               file=sys.stderr)  # fmt: skip
     ids = [c.case_id for c in ds.cases if c.case_id not in duplicates]
     stats, skipped = inspect_cases(ds, ids, cfg)
+    check_labels_seen(stats, ds)
     skipped.update(duplicates)
     split = split_cases(list(stats), cfg, ds)
     training = split["train"] + split["val"] if ds.folds else split["train"]

@@ -33,6 +33,8 @@ SECTIONS = {
     "launch": "$defs/launch",
     "prediction": "$defs/prediction",
     "stage": "properties/stage",
+    "site": "properties/site",
+    "slurm_site": "$defs/slurm_site",
 }
 MARK = re.compile(r"<!-- schema-table: (\w+) -->\n.*?<!-- end schema-table -->", re.S)
 

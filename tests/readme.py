@@ -11,12 +11,9 @@ from pathlib import Path
 README_PATH = Path(__file__).resolve().parents[1] / "README.md"
 
 COMMANDS = {
-    "dry-run": "snakemake -n --configfile my_config.yaml --replace-workflow-config",
-    "run": "snakemake --configfile my_config.yaml --replace-workflow-config",
-    "report-mine": (
-        "snakemake --report results/report.html --configfile my_config.yaml "
-        "--replace-workflow-config"
-    ),
+    "dry-run": "snakemake -n --configfile my_config.yaml",
+    "run": "snakemake --configfile my_config.yaml",
+    "report-mine": "snakemake --report results/report.html --configfile my_config.yaml",
     "report": "snakemake --report results/report.html",
     "slurm-dry-run": "snakemake -n --workflow-profile workflow/profiles/slurm",
     "slurm-run": "snakemake --workflow-profile workflow/profiles/slurm",
@@ -31,6 +28,8 @@ COMMANDS = {
     "aggregate": "voxjet aggregate --from-config config/config.yaml --out results/summary",
     "predict": "snakemake --until predict",
     "plan": "snakemake --until plan_runs",
+    "relabel": "voxjet relabel --dataset data/Task01_lesions --map 3:2 --out "
+    "data/Task01_lesions_relabelled",
 }
 # run by make itself (CI runs `make test`; the others are Makefile targets checked by test_readme)
 MAKE = {"make demo", "make test", "make dev-venv", "make lint", "make test-fast"}

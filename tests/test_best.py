@@ -252,4 +252,4 @@ def test_workflow_validates_every_fold_then_finds_the_best_and_predicts_with_it(
     write_config(workflow_dir / "config" / "config.yaml", cfg)
     r = run_snakemake(workflow_dir, "-n", "--until", "predict")
     assert r.returncode != 0
-    assert "predict.new.run': best needs a dataset with cross-validated experiments" in r.stdout
+    assert "predict.new.run': best needs a dataset with cross-validated experiments" in r.stderr

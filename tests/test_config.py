@@ -264,7 +264,7 @@ def test_a_scaling_study_is_one_short_run_a_size_on_gpus_or_cpu_processes(demo_c
     "scaling,site,match",
     [
         ({"gpus": [0, 1]}, {},
-         r"experiments\.part\.scaling\.gpus\[0\]': 0 is less than the minimum of 1"),
+         r"experiments\.part\.scaling\.gpus\[0\]': expected at least 1, got 0"),
         ({"gpus": [4, 8]}, {"gpus_per_node": 4},
          r"experiments\.part\.scaling\.gpus': 8 GPUs a node, but site\.gpus_per_node is 4"),
         ({"gpus": [2]}, {}, r"all its sizes are \[2\] processes; a fit needs at least two"),
@@ -279,3 +279,41 @@ def test_scaling_studies_that_cannot_run_or_fit_are_refused(demo_config, scaling
     cfg["site"] = site
     with pytest.raises(VoxjetError, match=match):
         check_config(cfg, "config/schema.yaml")
+
+
+@pytest.mark.parametrize(
+    "change,said",
+    [
+        (lambda c: c["experiments"]["pfn"]["launch"].update(gpus="fast"),
+         "experiments.pfn.launch.gpus': expected an integer ≥ 0 or 'auto', got 'fast'"),
+        (lambda c: c["datasets"]["toy_jets"]["jets"].update(labels=["label_QCD"]),
+         "datasets.toy_jets.jets.labels': needs at least 2 entries, got 1"),
+        (lambda c: c["datasets"]["toy_jets"]["jets"].update(labels={"branch": "y"}),
+         "datasets.toy_jets.jets.labels': 'classes' is a required property"),
+        (lambda c: c["datasets"].update({"my data": c["datasets"]["toy_jets"]}),
+         "datasets.my data': a name of letters, digits, '_' and '-' only; e.g. 'my-data'"),
+        (lambda c: c["experiments"]["pfn"]["train"].update(lr="1e-3x"),
+         "experiments.pfn.train.lr': expected a number, got '1e-3x'"),
+        (lambda c: c["experiments"]["pfn"]["train"].update(lrate=0.1),
+         "experiments.pfn.train': unknown key(s) ['lrate']; did you mean 'lr'?"),
+    ],
+)  # fmt: skip
+def test_schema_errors_are_said_in_the_users_terms(demo_config, change, said):
+    """Every oneOf / pattern / bound of the schema explained by key, never as jsonschema's raw
+    "is not valid under any of the given schemas"."""
+    cfg = copy.deepcopy(demo_config)
+    change(cfg)
+    with pytest.raises(VoxjetError) as e:
+        check_config(cfg)
+    assert said in str(e.value)
+    assert "valid under" not in str(e.value) and "{'" not in str(e.value)
+
+
+def test_numbers_written_as_ml_code_writes_them_become_numbers(demo_config):
+    cfg = copy.deepcopy(demo_config)
+    cfg["experiments"]["pfn"]["train"]["lr"] = "5e-4"
+    cfg["experiments"]["pfn"]["train"]["steps"] = "1e3"
+    check_config(cfg)
+    assert cfg["experiments"]["pfn"]["train"]["lr"] == 0.0005
+    assert cfg["experiments"]["pfn"]["train"]["steps"] == 1000
+    assert isinstance(cfg["experiments"]["pfn"]["train"]["steps"], int)

@@ -128,3 +128,37 @@ def test_sdm_conda_env_installs_voxjet_from_the_workflow_folder(workflow_dir, tm
     assert not missing, f"envs/voxjet.yaml lacks {missing}"
     # the template itself stays usable as it is (conda env create -f envs/voxjet.yaml)
     assert "- -e .." in (REPO / "envs" / "voxjet.yaml").read_text()
+
+
+def test_an_installed_wheel_works_from_any_folder(tmp_path):
+    """`pip install .` (a built wheel, not the repository) and the commands README shows outside
+    the workflow, from an empty folder: the schema comes with the package."""
+    pip = [sys.executable, "-m", "pip"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("voxjet-*.whl")
+    site = tmp_path / "site"
+    r = subprocess.run([*pip, "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "mine.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    env = {**snakemake_env(), "PYTHONPATH": str(site)}  # the installed copy, not the checkout
+    run = [sys.executable, "-m", "voxjet.cli"]
+
+    def voxjet(*args):
+        return subprocess.run([*run, *args], cwd=empty, env=env, capture_output=True, text=True)
+
+    where = subprocess.run([sys.executable, "-c", "import voxjet; print(voxjet.__file__)"],
+                           cwd=empty, env=env, capture_output=True, text=True)  # fmt: skip
+    assert where.stdout.startswith(str(site)), where.stdout
+    version = voxjet("--version")
+    assert version.returncode == 0 and PYPROJECT["project"]["version"] in version.stdout
+    r = voxjet("aggregate", "--from-config", "mine.yaml", "--out", "summary")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "runs without metrics" in r.stderr and (empty / "summary" / "summary.md").is_file()

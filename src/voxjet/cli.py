@@ -69,6 +69,7 @@ def _stage(a: argparse.Namespace) -> None:
         file_list=a.file_list,
         on_bad_file=a.on_bad_file,
         on_duplicate=a.on_duplicate,
+        tree_key=a.tree_key,
     )
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
@@ -265,6 +266,19 @@ def _args_synth_volumes(s: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=7, help="random seed of the generator")
 
 
+def _args_relabel(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--dataset", required=True, help="the dataset folder (with dataset.json)")
+    s.add_argument("--map", nargs="+", required=True, help="old:new label values, e.g. 3:2")
+    s.add_argument("--out", required=True, help="the new dataset folder to write")
+
+
+def _relabel(a: argparse.Namespace) -> None:
+    from voxjet.volumes.relabel import parse_map, relabel
+
+    out = relabel(a.dataset, parse_map(a.map), a.out)
+    print(f"relabelled dataset written to {out}", file=sys.stderr)
+
+
 def _args_stage(s: argparse.ArgumentParser) -> None:
     s.add_argument("--source", default=None, help="directory, glob or fsspec URL")
     s.add_argument("--file-list", default=None, help="text file: one path or URL a line")
@@ -273,6 +287,8 @@ def _args_stage(s: argparse.ArgumentParser) -> None:
     s.add_argument("--pattern", nargs="+", default=["*"], help="file name globs to stage")
     s.add_argument("--checksums", default=None, help="JSON {relative path: checksum} to verify")
     s.add_argument("--tree", default=None, help="ROOT tree whose entries the manifest records")
+    s.add_argument("--tree-key", default="jets.tree",
+                   help="where the tree was set (a config key, a weaver file)")  # fmt: skip
     s.add_argument("--on-bad-file", choices=["fail", "skip"], default="fail",
                    help="a ROOT file without the tree or unreadable: stop, or stage it marked "
                         "unreadable")  # fmt: skip
@@ -456,9 +472,9 @@ def _args_aggregate(s: argparse.ArgumentParser) -> None:
     s.add_argument("--from-config", default=None,
                    help="a workflow config: summarise its runs that have metrics, list the "
                         "rest")  # fmt: skip
-    s.add_argument("--schema", default="config/schema.yaml",
+    s.add_argument("--schema", default=None,
                    help="the workflow's config schema (its defaults decide run names), for "
-                        "--from-config")  # fmt: skip
+                        "--from-config; default: the one voxjet ships")  # fmt: skip
     s.add_argument("--benchmarks", default=None, help="folder of Snakemake benchmark files")
     s.add_argument("--plan", default=None,
                    help="the planner's runs.json, checked against the throughput the runs "
@@ -501,6 +517,12 @@ COMMANDS = (
         "write a toy CT dataset in the MSD layout",
         _args_synth_volumes,
         _synth_volumes,
+    ),  # fmt: skip
+    Command(
+        "relabel",
+        "renumber a volumes dataset's label values into a new folder (to 0, 1, …, n−1)",
+        _args_relabel,
+        _relabel,
     ),  # fmt: skip
     Command("stage", "copy a dataset to fast storage, verified by checksum", _args_stage, _stage),
     Command(
@@ -637,11 +659,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if under_launcher():  # a torchrun worker: never outlive the agent (a SIGKILLed job)
         die_with_parent()
+    from voxjet.distributed import worker_errors
+
     try:
         args.func(args)
     except VoxjetError as e:
-        print(f"voxjet {args.command}: error: {e}", file=sys.stderr)
+        message = f"voxjet {args.command}: error: {e}"
+        print(message, file=sys.stderr)
+        worker_errors.record(message)  # for the launcher's summary, when launched
         return 2
+    except Exception as e:
+        worker_errors.record(f"voxjet {args.command}: {type(e).__name__}: {e} (traceback above)")
+        raise
     return 0
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,20 +19,14 @@ from typing import Any, TypeVar
 from voxjet.distributed.launch import threads_per_process
 from voxjet.errors import VoxjetError
 from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.model_inputs import NEEDED_FEATURES
 from voxjet.jets.weaver_config import check_not_both
+from voxjet.schema import explain, load_schema, numbers_as_written
+from voxjet.sweep_check import check_sweep
+from voxjet.user_paths import expand_user_paths
 from voxjet.volumes.settings import CASE_FOLDERS
 
 T = TypeVar("T")
-
-_TYPE_WORDS = {
-    "object": "a mapping (key: value)",
-    "array": "a list",
-    "string": "a string",
-    "integer": "an integer",
-    "number": "a number",
-    "boolean": "true or false",
-    "null": "null",
-}
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
@@ -44,54 +38,25 @@ def from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     return cls(**data)
 
 
-def _key_path(path) -> str:
-    parts = []
-    for p in path:
-        parts.append(f"[{p}]" if isinstance(p, int) else ("." if parts else "") + str(p))
-    return "".join(parts) or "(top level)"
-
-
-def _explain(error) -> str:
-    where = _key_path(error.absolute_path)
-    v = error.validator
-    if v == "type":
-        want = error.validator_value
-        want = " or ".join(
-            _TYPE_WORDS.get(t, t) for t in ([want] if isinstance(want, str) else want)
-        )
-        return f"config key '{where}': expected {want}, got {error.instance!r}"
-    if v == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        known = sorted(error.schema.get("properties", {}))
-        return (
-            f"config key '{where}': unknown key(s) {extra}"
-            + (f"; allowed: {known}" if known else "")
-            + " (a typo? see config/README.md)"
-        )
-    if v == "required":
-        return f"config key '{where}': {error.message} (see config/README.md)"
-    if v == "enum":
-        return f"config key '{where}': {error.instance!r} is not one of {error.validator_value}"
-    return f"config key '{where}': {error.message}"
-
-
-def check_config(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, JetDataConfig]:
+def check_config(
+    config: Mapping[str, Any], schema_path: str | Path | None = None
+) -> dict[str, JetDataConfig]:
     """Validate against the JSON schema; raise one error that lists every problem by key path.
     Returns each jets dataset's data config, its weaver_config applied and its inputs checked
     (what the workflow's jobs are given)."""
     import jsonschema
-    import yaml
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
+    if isinstance(config, MutableMapping):
+        numbers_as_written(config, validator)
+        expand_user_paths(config)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
-    leaf = []
-    for e in errors:
-        # if/then branches report the inner error as context; report the innermost ones.
-        leaf.extend(e.context or [e])
-    if leaf:
-        msgs = sorted({_explain(e) for e in leaf})
+    msgs = sorted({line for e in errors for line in explain(e)})
+    if msgs:
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
+    for name, exp in config.get("experiments", {}).items():
+        check_sweep(name, exp, schema)
     for name, ds in config.get("datasets", {}).items():
         _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
     for name, ds in config.get("datasets", {}).items():
@@ -114,7 +79,25 @@ def check_config(config: Mapping[str, Any], schema_path: str | Path) -> dict[str
                                   config["experiments"])  # fmt: skip
         _check_scaling(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
+        _check_model_inputs(name, exp, config["datasets"][exp["dataset"]], jets)
     return jets
+
+
+def _check_model_inputs(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any],
+                        jets: Mapping[str, JetDataConfig]) -> None:  # fmt: skip
+    """A tagger's geometry features among its dataset's particle features (a weaver config's
+    ParticleNet takes its points from the config's own group)."""
+    model, data = exp["model"]["name"], jets.get(exp["dataset"])
+    if data is None or model not in NEEDED_FEATURES or (ds.get("jets") or {}).get("weaver_config"):
+        return
+    missing = [f for f in NEEDED_FEATURES[model] if f not in data.particle_features]
+    if missing:
+        others = [m for m in JET_MODELS if m not in NEEDED_FEATURES and not m.startswith("weaver_")]
+        raise VoxjetError(
+            f"config key 'experiments.{name}.model.name': {model} computes its geometry from "
+            f"{list(NEEDED_FEATURES[model])}, and datasets.{exp['dataset']}.jets."
+            f"particle_features lacks {missing}; add them there, or use {' or '.join(others)}"
+        )
 
 
 def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
@@ -240,14 +223,6 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
                 f"{where}.train.pipeline_stages': a {conf} network is not cut into pipeline "
                 "stages; set 1 (or configuration: 3d_fullres)"
             )
-    if model == "resenc":
-        import importlib.util
-
-        if importlib.util.find_spec("dynamic_network_architectures") is None:
-            raise VoxjetError(
-                f"{where}.model.name': resenc is built by MIC-DKFZ's dynamic-network-"
-                "architectures, which is not installed; pip install 'voxjet[resenc]'"
-            )
     if model == "unet" and ds.get("volumes", {}).get("plan", "voxjet") == "voxjet":
         depth = ds.get("volumes", {}).get("network_depth", 3)
         levels = len(exp["model"]["channels"]) - 1
@@ -260,7 +235,9 @@ def _check_model_fits_dataset(name: str, exp: Mapping[str, Any], ds: Mapping[str
             )
 
 
-def with_defaults(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
+def with_defaults(
+    config: Mapping[str, Any], schema_path: str | Path | None = None
+) -> dict[str, Any]:
     """A copy of `config` checked and with the schema's defaults filled in, as Snakemake's
     validate() fills them (for code that reads a config outside the workflow)."""
 
@@ -268,12 +245,11 @@ def with_defaults(config: Mapping[str, Any], schema_path: str | Path) -> dict[st
     return _filled(config, schema_path)
 
 
-def _filled(config: Mapping[str, Any], schema_path: str | Path) -> dict[str, Any]:
+def _filled(config: Mapping[str, Any], schema_path: str | Path | None = None) -> dict[str, Any]:
     """A copy of a valid `config` with the schema's defaults filled in."""
     import jsonschema
-    import yaml
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
     base = jsonschema.Draft202012Validator
 
     def set_defaults(validator, properties, instance, schema):
@@ -307,6 +283,38 @@ def _refuse_secrets(options: Any, where: str) -> None:
                 "profile of ~/.aws/credentials (`storage_options: {profile: <name>}`); for "
                 "XRootD a token file (BEARER_TOKEN_FILE) or your grid proxy"
             )
+
+
+@dataclass(frozen=True)
+class SlurmSite:
+    """The names a SLURM site gives its queues (the config's `site.slurm`): each job goes to the
+    CPU or the GPU partition by what it uses; None: the cluster's default."""
+
+    account: str | None = None
+    cpu_partition: str | None = None
+    gpu_partition: str | None = None
+    gpu_model: str | None = None
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> SlurmSite:
+        """The site of a (validated) config."""
+        return cls(**((config.get("site") or {}).get("slurm") or {}))
+
+    def resources(self, gpus: int) -> dict[str, Any]:
+        """Where a job of `gpus` GPUs goes and what it asks for: partition, account, the GPUs
+        (with the site's model) — None where the site or the job says nothing."""
+        return {
+            "slurm_account": self.account,
+            "slurm_partition": self.gpu_partition if gpus else self.cpu_partition,
+            "gpu": gpus or None,
+            "gpu_model": self.gpu_model if gpus else None,
+            # GPU jobs: one task a node (torchrun starts a process a GPU), not one a GPU
+            "tasks_per_gpu": 0 if gpus else None,
+        }
+
+
+RESOURCE_KEYS = ("slurm_account", "slurm_partition", "gpu", "gpu_model", "tasks_per_gpu",
+                 "cpus_per_task", "nodes", "tasks", "mpi", "mem_mb", "runtime")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -353,16 +361,18 @@ class Launch:
         per_node = gpus_per_node or choice
         return dataclasses.replace(self, gpus=min(choice, per_node), nodes=-(-choice // per_node))
 
-    def resources(self) -> dict[str, Any]:
-        """The job's resources as snakemake-executor-plugin-slurm reads them (local runs use
-        `gpu`, `mem_mb` and `runtime`)."""
+    def resources(self, site: SlurmSite) -> dict[str, Any]:
+        """The job's resources as snakemake-executor-plugin-slurm reads them (None: not asked
+        for): its partition and GPUs by what it uses, as many CPUs as its command's threads,
+        one task a node; local runs read `gpu`, `mem_mb` and `runtime`."""
         return {
-            "gpu": self.total_gpus,
+            **site.resources(self.total_gpus),
+            "cpus_per_task": self.threads,  # the command's --threads, on every node
             "nodes": self.nodes,
             "tasks": self.nodes,  # one torchrun a node
             # a multi-node job starts its own `srun` (one torchrun a node), so the jobstep runs
             # the rule as it is instead of inside `srun -n1`; the plugin reads that from `mpi`
-            "mpi": "srun" if self.nodes > 1 else "",
+            "mpi": "srun" if self.nodes > 1 else None,
             "mem_mb": self.mem_mb,
             "runtime": self.runtime,
         }

@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from voxjet.errors import VoxjetError
+from voxjet.extras import missing
+from voxjet.io.atomic import output_folder
 from voxjet.io.overlap import refuse_overlap
 from voxjet.jets.export import export_tagger
 from voxjet.predict import model_domain
@@ -18,8 +21,12 @@ def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.Path
     """Export model.pt in `fmt` (onnx, torchscript, bundle) into `out_dir`; returns the file
     or folder written."""
     refuse_overlap(out_dir, [str(model_path)], "export", "--out")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if model_domain(model_path) == "jets":
-        return export_tagger(model_path, fmt, out)
-    return export_volumes(model_path, fmt, out)
+    for module, dist in (("onnx", "onnx"), ("onnxruntime", "onnxruntime")):
+        said = fmt == "onnx" and missing(module, dist, "export", "--format onnx", "ONNX export")
+        if said:
+            raise VoxjetError(said)
+    domain = model_domain(model_path)  # an unreadable model stops here, before any folder
+    with output_folder(out_dir) as out:
+        if domain == "jets":
+            return export_tagger(model_path, fmt, out)
+        return export_volumes(model_path, fmt, out)

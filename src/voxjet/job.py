@@ -1,9 +1,9 @@
 """A workflow job as every rule runs it (`voxjet job --log LOG --outputs OUT... -- COMMAND`):
-the log belongs to this job alone, and the outputs' ledger entries say whether it finished.
+the log belongs to this job alone, and the outputs' state files say whether it finished.
 
 The log is locked before it is truncated: a second Snakemake on the same folder (`--nolock`)
 that starts the same job is refused without touching the running job's log (a shell's
-`> {log}` truncated it before anything could refuse). The outputs' ledger entries are marked
+`> {log}` truncated it before anything could refuse). The outputs' state files are marked
 while the command runs and cleared when it succeeds (voxjet.io.ledger says why)."""
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def job_log(log: str | os.PathLike) -> Iterator[None]:
         os.dup2(fd, 2)
         try:
             yield
+        except SystemExit:
+            raise  # said already (script_job), or a plain exit
         except BaseException:  # into the log, before the terminal is given back
             traceback.print_exc()
             raise
@@ -58,10 +60,25 @@ def job_log(log: str | os.PathLike) -> Iterator[None]:
 
 @contextmanager
 def ledger_marked(outputs: Sequence[str], job: str) -> Iterator[None]:
-    """Outputs' ledger entries marked for the body's time; cleared only when it succeeds."""
+    """Outputs' state files marked for the body's time; cleared only when it succeeds."""
     ledger.mark(outputs, job)
     yield
     ledger.clear(outputs)
+
+
+@contextmanager
+def script_job(log: str, outputs: Sequence[str], name: str) -> Iterator[None]:
+    """A Snakemake `script:` run as every rule's job is: its own log, its outputs' states
+    marked until it succeeds, and voxjet's error said as the CLI says it (`voxjet NAME: error:
+    …`, exit 2), not as a traceback."""
+    from voxjet.errors import VoxjetError
+
+    with job_log(log), ledger_marked(outputs, log):
+        try:
+            yield
+        except VoxjetError as e:
+            print(f"voxjet {name}: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def run_job(log: str, outputs: Sequence[str], command: Callable[[], int], job: str) -> int:

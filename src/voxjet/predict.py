@@ -11,6 +11,7 @@ import sys
 from pathlib import Path, PurePosixPath
 
 from voxjet.errors import VoxjetError
+from voxjet.io.atomic import output_folder
 from voxjet.io.overlap import refuse_overlap
 from voxjet.stage.transfer import list_sources
 
@@ -26,15 +27,16 @@ def model_domain(model_path: str | os.PathLike) -> str:
     return "volumes" if "in_channels" in cfg else "jets"
 
 
-def jet_inputs(inputs: list[str]) -> list[tuple[str, str]]:
+def jet_inputs(inputs: list[str], key: str = "--input") -> list[tuple[str, str]]:
     """(path or URL, output name) of every ROOT file the inputs name: files, folders, globs
-    or URLs; output names must be unique (they land side by side)."""
+    or URLs; output names must be unique (they land side by side). `key`: where the user gave
+    them (a CLI option or a config key), for messages."""
     found: list[tuple[str, str]] = []
     for item in inputs:
         if item.endswith(".root") and "://" not in item and Path(item).is_file():
             found.append((item, Path(item).name))
             continue
-        _, files = list_sources(item, ["*.root"])
+        _, files = list_sources(item, ["*.root"], key)
         found += [(f.url.removeprefix("file://"), PurePosixPath(f.relpath).name) for f in files]
     names = [n for _, n in found]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -114,27 +116,27 @@ def run_predict(
     domain = model_domain(models[0])
     rt = init_runtime()
     try:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if domain != "jets":
-            from voxjet.volumes.predict import run_volume_predict
+        with output_folder(out_dir) as out:
+            if domain != "jets":
+                from voxjet.volumes.predict import run_volume_predict
 
-            return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities,
-                                      postprocessing=post,
-                                      previous_models=list(previous_models))  # fmt: skip
-        from voxjet.jets.predict import predict_file
-        from voxjet.jets.tagger import load_tagger
+                return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities,
+                                          postprocessing=post,
+                                          previous_models=list(previous_models))  # fmt: skip
+            from voxjet.jets.predict import predict_file
+            from voxjet.jets.tagger import load_tagger
 
-        if len(models) > 1:
-            raise VoxjetError("predict: a tagger is applied one model at a time")
-        files = jet_inputs(inputs)
-        tagger = load_tagger(models[0], rt.device)
-        written = []
-        for path, name in files[rt.rank :: rt.world_size]:
-            target = out / name
-            predict_file(tagger, path, target, list(observers), step_size, batch_size, tree)
-            written.append(target)
-        print(f"predict: {len(written)} of {len(files)} files on rank {rt.rank}", file=sys.stderr)
-        return written
+            if len(models) > 1:
+                raise VoxjetError("predict: a tagger is applied one model at a time")
+            files = jet_inputs(inputs, "--input")
+            tagger = load_tagger(models[0], rt.device)
+            written = []
+            for path, name in files[rt.rank :: rt.world_size]:
+                target = out / name
+                predict_file(tagger, path, target, list(observers), step_size, batch_size, tree)
+                written.append(target)
+            print(f"predict: {len(written)} of {len(files)} files on rank {rt.rank}",
+                  file=sys.stderr)  # fmt: skip
+            return written
     finally:
         shutdown(rt)

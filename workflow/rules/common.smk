@@ -6,13 +6,15 @@ import json
 import os
 import re
 import shlex
+import sys
 
-from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException
 from snakemake.settings.types import DeploymentMethod
 
 from voxjet.volumes.settings import CASE_FOLDERS
 from voxjet.config import (
-    Launch,
+    RESOURCE_KEYS,
+    SlurmSite,
     check_config,
     check_sources,
     data_location as run_data_location,
@@ -26,7 +28,11 @@ from voxjet.config import (
 )
 from voxjet.planner.allocate import allocation_choice
 from voxjet.errors import VoxjetError
-from voxjet.io.ledger import ensure_entry
+from voxjet.extras import check_extras
+from voxjet.jets.branch_reads import check_source_file
+from voxjet.job_params import Digested, DigestedList, json_param
+from voxjet.stage.manifest import staged_digest
+from voxjet.io.ledger import ensure as ensure_states, existing_states
 from voxjet.report.runs import run_infos
 from voxjet.stage.transfer import list_sources
 from voxjet.workflow_env import conda_env_file
@@ -43,11 +49,18 @@ def conda_env():
 
 ENV = conda_env()
 
+def runs_jobs():
+    """Whether this invocation executes jobs (not a dry run, --touch, --dag or --summary)."""
+    return workflow.executor_plugin is not None and not (workflow.dryrun or workflow.touch)
+
+
 def ledgers(*made):
-    """An input function: the ledger entries of the rule-made inputs `made` (patterns with the
-    rule's wildcards, or input functions). A job that failed or died leaves its outputs' entries
-    newer than what was built from them, so the next run redoes that instead of calling stale
-    results finished."""
+    """An input function: the state files of the rule-made inputs `made` (patterns with the
+    rule's wildcards, or input functions; voxjet.io.ledger). A job that failed or died leaves
+    its outputs' states newer than what was built from them, so the next run redoes that
+    instead of calling stale results finished. A run that executes jobs makes the missing
+    states (cleared) so that every job takes the same set from its first run on; a dry run
+    writes nothing and takes those that exist."""
 
     def entries(wildcards):
         paths = []
@@ -56,7 +69,8 @@ def ledgers(*made):
             paths += [found] if isinstance(found, str) else list(found)
         # patterns are filled in as Snakemake fills in what input functions return
         values = dict(wildcards.items())
-        return [ensure_entry(p.format(**values)) for p in paths]
+        filled = [str(p).format(**values) for p in paths]
+        return ensure_states(filled) if runs_jobs() else existing_states(filled)
 
     return entries
 
@@ -66,14 +80,22 @@ wildcard_constraints:
     run="[A-Za-z0-9_.+-]+",
 
 
-def check_config_or_fail(config, schema_path):
+def fail_before_any_job(error):
+    """voxjet's message, naming the key or file and the fix, as the last thing on the console
+    (no traceback through the workflow's files), and a non-zero exit before any job."""
+    print(f"voxjet: {error}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def check_config_or_fail(config):
     """Fail before any job with every config problem named by key path; returns each jets
     dataset's checked data config."""
     try:
-        jets = check_config(config, schema_path)
+        jets = check_config(config)
         check_sources(config)
+        check_extras(config)
     except VoxjetError as e:
-        raise WorkflowError(str(e))
+        fail_before_any_job(str(e))
     return jets
 
 
@@ -81,14 +103,14 @@ def expand_runs_or_fail(config):
     try:
         return expand_runs(config)
     except VoxjetError as e:
-        raise WorkflowError(str(e))
+        fail_before_any_job(str(e))
 
 
 def prediction_runs_or_fail(config, runs):
     try:
         return prediction_runs(config, runs)
     except VoxjetError as e:
-        raise WorkflowError(str(e))
+        fail_before_any_job(str(e))
 
 
 _chunks = {}
@@ -103,13 +125,13 @@ def predict_chunks(name):
             if PREDICTIONS[name][0].domain == "jets":
                 from voxjet.predict import jet_inputs
 
-                items = [path for path, _ in jet_inputs(inputs)]
+                items = [path for path, _ in jet_inputs(inputs, f"predict.{name}.input")]
             else:
                 from voxjet.volumes.predict import case_inputs
 
                 items = [str(f) for c in case_inputs(inputs) for f in c.files]
         except VoxjetError as e:
-            raise WorkflowError(f"config key 'predict.{name}.input': {e}")
+            fail_before_any_job(f"config key 'predict.{name}.input': {e}")
         n = p["files_per_job"]
         _chunks[name] = [items[k : k + n] for k in range(0, len(items), n)]
     return _chunks[name]
@@ -203,9 +225,21 @@ def local_source_files(name):
     if not path or "://" in path:
         return []
     try:
-        return list_sources(path, stage_patterns(name))[1]
+        return list_sources(path, stage_patterns(name), f"datasets.{name}.source.path")[1]
     except VoxjetError as e:
-        raise WorkflowError(f"datasets.{name}.source.path: {e}")
+        fail_before_any_job(f"config key 'datasets.{name}.source.path': {e}")
+
+
+def check_first_source_files(jets):
+    """The first local ROOT file of each jets dataset holds the tree and every branch its
+    config reads: a misnamed branch or tree stops the dry run, not a shard job hours later."""
+    for name, data in jets.items():
+        files = [f for f in local_source_files(name) if f.relpath.endswith(".root")]
+        if files and data.on_bad_file == "fail":  # with skip, that one file may be the bad one
+            try:
+                check_source_file(files[0].url.removeprefix("file://"), data, name)
+            except VoxjetError as e:
+                fail_before_any_job(f"config key 'datasets.{name}' (checked on its first file): {e}")
 
 
 def stage_input(wildcards):
@@ -235,6 +269,23 @@ def source_state(wildcards):
     return hashlib.sha256(blob.encode()).hexdigest()[:16] if files else ""
 
 
+def staged_manifest(wildcards):
+    """The dataset's manifest as an input whose time does not matter (its content does:
+    manifest_digest); after the stage, a checkpoint, has run, Snakemake asks again."""
+    path = rules.stage.output[0].format(dataset=wildcards.dataset)
+    try:
+        path = checkpoints.stage.get(dataset=wildcards.dataset).output[0]
+    except IncompleteCheckpointException:
+        pass  # not staged yet: the jobs wait for the stage and are judged again after it
+    return ancient(path)
+
+
+def manifest_digest(wildcards):
+    """A params function: the digest of the staged files' checksums and entries (what the
+    manifest says of their content), so that a changed source reruns what reads it."""
+    return staged_digest(rules.stage.output[0].format(dataset=wildcards.dataset))
+
+
 def stage_source(wildcards):
     """The stage command's source arguments, shell-quoted."""
     source = dataset_cfg(wildcards.dataset)["source"]
@@ -253,8 +304,10 @@ def stage_options(wildcards):
         opts += ["--checksums", ds["source"]["checksums"]]
     if ds["domain"] == "jets":
         # the tree a weaver config names (its treename), else the section's
-        tree = JETS[wildcards.dataset].tree
-        opts += ["--tree", tree, "--on-bad-file", ds["jets"]["on_bad_file"]]
+        data = JETS[wildcards.dataset]
+        key = (f"the treename of weaver_config {data.weaver_config}" if data.weaver_config
+               else f"datasets.{wildcards.dataset}.jets.tree")  # fmt: skip
+        opts += ["--tree", data.tree, "--tree-key", key, "--on-bad-file", ds["jets"]["on_bad_file"]]
         opts += ["--on-duplicate", ds["source"]["on_duplicate"]]
     else:  # identical label files are common (empty masks); the planning compares cases
         opts += ["--on-duplicate", "ignore"]
@@ -273,8 +326,8 @@ def data_config(section):
 
     def resolved(wildcards):
         if section == "jets":
-            return json.dumps(JETS[wildcards.dataset].record(), sort_keys=True)
-        return json.dumps(dataset_cfg(wildcards.dataset)[section], sort_keys=True)
+            return json_param(JETS[wildcards.dataset].record())
+        return json_param(dataset_cfg(wildcards.dataset)[section])
 
     return resolved
 
@@ -310,7 +363,7 @@ def seg_data_input(wildcards):
 
 def read_options(wildcards):
     """The dataset's `read:` section as JSON for --read."""
-    return json.dumps(dataset_cfg(wildcards.dataset)["read"], sort_keys=True)
+    return json_param(dataset_cfg(wildcards.dataset)["read"])
 
 
 def shard_parts(wildcards):
@@ -320,7 +373,8 @@ def shard_parts(wildcards):
 
 
 def run_config(wildcards):
-    return RUNS[wildcards.run].as_json()
+    """The run's resolved config as JSON for --run-config (recorded by its digest)."""
+    return Digested(RUNS[wildcards.run].as_json())
 
 
 def run_launch(wildcards):
@@ -341,7 +395,7 @@ def run_launch(wildcards):
     try:
         return launch.allocated(allocation_choice(plan), config["site"]["gpus_per_node"])
     except VoxjetError as e:
-        raise WorkflowError(str(e))
+        fail_before_any_job(str(e))
 
 
 def plan_for_auto(wildcards):
@@ -355,9 +409,9 @@ def run_evaluate(wildcards):
     return config["experiments"][RUNS[wildcards.run].experiment]["evaluate"]
 
 
-def run_dir(suffix=""):
+def run_dir(*inside):
     """A params function: the run's folder (voxjet.config.Run.run_dir), or one inside it."""
-    return lambda wildcards: RUNS[wildcards.run].run_dir + suffix
+    return lambda wildcards: os.path.join(RUNS[wildcards.run].run_dir, *inside)
 
 
 def launch_args(wildcards):
@@ -365,13 +419,23 @@ def launch_args(wildcards):
     return run_launch(wildcards).args()
 
 
+SITE = SlurmSite.of(config)
+
+
 def launch_resources(launch_of):
-    """The resources of a job on a launch (`launch_of(wildcards)`), one function a resource:
-    the one resources block of every training, evaluation and prediction rule."""
-    return {k: (lambda wildcards, k=k: launch_of(wildcards).resources()[k])
-            for k in Launch().resources()}  # fmt: skip
+    """The resources of a job on a launch (`launch_of(wildcards)`), one function a resource
+    (None: not asked for): the one resources block of every training, evaluation, validation
+    and prediction rule."""
+    return {k: (lambda wildcards, k=k: launch_of(wildcards).resources(SITE)[k])
+            for k in RESOURCE_KEYS}  # fmt: skip
 
 
+def site_resources(gpus=0):
+    """Partition, account and GPUs of a job that is no run's (CPU unless `gpus`)."""
+    return {k: v for k, v in SITE.resources(gpus).items() if v is not None}
+
+
+CPU_RESOURCES = site_resources()
 RUN_RESOURCES = launch_resources(run_launch)
 PREDICT_RESOURCES = launch_resources(predict_launch)
 
@@ -414,7 +478,7 @@ def case_ids(name):
                     "imagesTr/labelsTr layout"
                 )
         except VoxjetError as e:
-            raise WorkflowError(f"config key 'datasets.{name}.source': {e}")
+            fail_before_any_job(f"config key 'datasets.{name}.source': {e}")
     return _case_ids[name]
 
 
@@ -461,8 +525,8 @@ def previous_args(test):
         if not lows:
             return ""
         val = [os.path.dirname(run_output(rules.validate_seg.output.metrics, r)) for r in lows]
-        pred = [os.path.dirname(run_output(rules.evaluate_seg.output.metrics, r)) + "/predictions"
-                for r in lows if test and r.fold == run.fold]  # fmt: skip
+        pred = [os.path.join(os.path.dirname(run_output(rules.evaluate_seg.output.metrics, r)),
+                             "predictions") for r in lows if test and r.fold == run.fold]  # fmt: skip
         return " ".join(["--previous-validations", *val]
                         + (["--previous-predictions", *pred] if pred else []))  # fmt: skip
 
@@ -486,7 +550,7 @@ def best_configs(wildcards):
         c = out.setdefault(r.candidate, {"validations": [], "models": []})
         c["validations"].append(os.path.dirname(run_output(rules.validate_seg.output.metrics, r)))
         c["models"].append(run_output(rules.train_seg.output.model, r))
-    return json.dumps(out, sort_keys=True)
+    return json_param(out)
 
 
 def train_logs():
@@ -496,7 +560,7 @@ def train_logs():
 
 def aggregate_runs():
     """What the aggregate step needs to know about every run (list_runs writes it to a file)."""
-    return [dataclasses.asdict(i) for i in run_infos(RUNS.values())]
+    return DigestedList(dataclasses.asdict(i) for i in run_infos(RUNS.values()))
 
 
 def plan_inputs():
@@ -514,7 +578,7 @@ def plan_inputs():
 
 def plan_run_list():
     """What the planner needs of every run (voxjet.config.planner_runs)."""
-    return planner_runs(RUNS, config["datasets"])
+    return DigestedList(planner_runs(RUNS, config["datasets"]))
 
 
 def plan_threads():

@@ -3,11 +3,11 @@ over in a file, never on a command line: thousands of runs pass Linux's argument
 
 import sys
 
-from voxjet.job import job_log, ledger_marked
+from voxjet.job import script_job
 from voxjet.report.runs import RunInfo, write_runs
 
 sm = snakemake  # noqa: F821 - given to scripts by Snakemake
-with job_log(sm.log[0]), ledger_marked(list(sm.output), sm.log[0]):
+with script_job(sm.log[0], list(sm.output), "list-runs"):
     runs = [RunInfo(**r) for r in sm.params.runs]
     write_runs(sm.output[0], runs)
     print(f"{len(runs)} runs listed in {sm.output[0]}", file=sys.stderr)

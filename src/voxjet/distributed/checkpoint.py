@@ -110,13 +110,19 @@ def load_model_file(path: str | os.PathLike, domain: str, task: str, trainer: st
 
 def load_file(path: str | os.PathLike) -> dict[str, Any]:
     """torch.load with weights_only=True (no arbitrary code from a file), clear errors."""
+    if not Path(path).is_file():
+        raise VoxjetError(
+            f"{path}: no such file; give a trained run's model.pt "
+            "(results/<dataset>/runs/<run>/model.pt)"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         reason = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()[0][:160]
         raise VoxjetError(
             f"{path}: not a readable voxjet checkpoint ({type(e).__name__}: {reason}); it may be "
-            "corrupt or from an older voxjet: delete it to start that run afresh"
+            "corrupt or from an older voxjet (a run's own checkpoint: delete it, and the run "
+            "starts afresh)"
         ) from e
     if not isinstance(state, dict) or "model" not in state:
         raise VoxjetError(f"{path}: not a voxjet checkpoint (no model state); delete it")

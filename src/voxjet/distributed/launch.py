@@ -9,12 +9,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
-from voxjet.distributed import slurm
+from voxjet.distributed import slurm, worker_errors
 from voxjet.distributed.devices import claim_devices
 from voxjet.distributed.gpus import DEVICE_ENV, check_gpus
 from voxjet.distributed.lifeline import die_with_parent
+from voxjet.distributed.worker_errors import ERROR_DIR_ENV
 from voxjet.errors import VoxjetError
 
 
@@ -148,8 +150,6 @@ def run_torchrun(
     """
     import torch
 
-    from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
-
     nproc = processes_per_node(gpus, cpu_processes)
     env = dict(os.environ)
     env[DEVICE_ENV] = "cuda" if gpus > 0 else "cpu"
@@ -177,6 +177,21 @@ def run_torchrun(
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         die_with_parent()  # torchrun (and through it the training processes) dies with us
 
+    # where the processes leave their error lines: the job's folder on several nodes (shared)
+    errors = tempfile.mkdtemp(prefix=".voxjet-errors-", dir="." if nodes > 1 else None)
+    env[ERROR_DIR_ENV] = os.path.abspath(errors)
+    try:
+        return _wait(argv, env, child_setup, stop_margin_s, errors)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def _wait(argv: list[str], env: dict[str, str], child_setup, stop_margin_s: float,
+          errors: str) -> int:  # fmt: skip
+    """Run torchrun, forwarding stop signals; its exit code (PREEMPTED_EXIT_CODE if stopped),
+    the processes' own error lines printed last when it failed."""
+    from voxjet.distributed.checkpoint import PREEMPTED_EXIT_CODE
+
     proc = subprocess.Popen(argv, env=env, close_fds=False, preexec_fn=child_setup)
     stopped: list[int] = []
 
@@ -198,4 +213,7 @@ def run_torchrun(
             flush=True,
         )
         return PREEMPTED_EXIT_CODE
+    if code != 0:
+        for line in worker_errors.summary(errors):
+            print(line, file=sys.stderr, flush=True)
     return code

@@ -109,6 +109,25 @@ def disk_full_error(path: Path, e: BaseException) -> VoxjetError:
 
 
 @contextmanager
+def output_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """An output folder made for the body (and its parents); on error, removed again if it is
+    still empty, so that a failed command leaves no empty folder where the user looks for
+    results (each file in it is written atomically on its own)."""
+    path = Path(path)
+    made = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for p in made:  # the deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                break  # not empty (another process's output, or a file written): kept
+        raise
+
+
+@contextmanager
 def atomic_path(final: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path; on success it replaces `final`, on error it is removed."""
     final = Path(final)
@@ -157,12 +176,18 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         tmp.write_text(json.dumps(finite_json(obj), indent=2, allow_nan=False) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read JSON, naming the file when it is missing or malformed."""
+REMAKE = "snakemake -R <the rule that writes it>; `snakemake --summary` lists which"
+
+
+def read_json(path: str | os.PathLike, remake: str = REMAKE) -> Any:
+    """Read JSON, naming the file when it is missing or malformed and how to make it again
+    (`remake`: the command; a deleted workflow output is not remade by a plain `snakemake`
+    once what follows it exists)."""
     path = Path(path)
     if not path.is_file():
-        raise VoxjetError(f"{path}: file not found (did the stage that writes it run?)")
+        raise VoxjetError(f"{path}: file not found; make it: {remake}")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise VoxjetError(f"{path}: not valid JSON ({e}); delete it and rerun the stage") from e
+        raise VoxjetError(f"{path}: not valid JSON ({e}), a damaged file (a job killed while "
+                          f"writing it, a full disk?); make it again: {remake}") from e  # fmt: skip

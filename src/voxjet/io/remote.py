@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.errors import VoxjetError
-from voxjet.io.atomic import read_json
+from voxjet.io.atomic import REMAKE, read_json
 from voxjet.io.fetch import FetchConfig, Fetcher
 
 
@@ -45,10 +45,11 @@ def is_url(location: str | os.PathLike) -> bool:
     return "://" in str(location)
 
 
-def read_json_at(location: str | os.PathLike, name: str, opts: ReadOptions) -> dict:
-    """The JSON file `name` of a folder or URL."""
+def read_json_at(location: str | os.PathLike, name: str, opts: ReadOptions,
+                 remake: str = REMAKE) -> dict:  # fmt: skip
+    """The JSON file `name` of a folder or URL (`remake`: how to make it again)."""
     if not is_url(location):
-        return read_json(Path(location) / name)
+        return read_json(Path(location) / name, remake)
     import fsspec
 
     url = f"{location}/{name}"

@@ -86,9 +86,16 @@ def check_inputs(jets: Mapping[str, Any], where: str) -> None:
             named = sorted(t for t, bs in read_by.items() if bs & set(leaks))
             if named:
                 via += f", the truth the regression target(s) {named} are computed from"
+            labels_read = [b for b in leaks if b in label_branches(labels)]
+            fix = (
+                f"Remove it: {labels_read} {'is' if len(labels_read) == 1 else 'are'} the "
+                f"dataset's label branch(es) ({where}.labels), never an input"
+                if labels_read
+                else f"Remove it, or list the branch in {where}.truth_inputs if it really is "
+                "available at prediction time"
+            )
             raise VoxjetError(
                 f"config key '{where}.{key}': the input {name!r} reads {leaks}{via}, a label "
                 "or generator-level truth branch: a model fed the answer learns nothing it can "
-                f"use on data. Remove it, or list the branch in {where}.truth_inputs if it "
-                "really is available at prediction time"
+                f"use on data. {fix}"
             )

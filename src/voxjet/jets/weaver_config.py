@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.errors import VoxjetError
+from voxjet.jets.expressions import Variables
 from voxjet.jets.reweight import parse
 
 # keys of a dataset's jets section a weaver config decides (giving both would be ambiguous)
@@ -189,9 +190,6 @@ def _collections(groups: dict[str, Any], where: str) -> dict[str, list[str]]:
     return out
 
 
-AUTO_SAMPLE = 1_000_000  # particles a shard job keeps to compute "auto" centres and scales
-
-
 def auto_variables(groups: dict[str, Any] | None) -> list[str]:
     """The variables whose centre and scale are computed from the training jets ("auto")."""
     names = [v["name"] for g in (groups or {}).values() for v in g["vars"] if v["center"] == "auto"]
@@ -276,6 +274,8 @@ def resolve(jets: dict[str, Any], where: str) -> dict[str, Any]:
     if not path or jets.get("weaver_inputs"):
         return jets
     derived = translate(read(path), f"config key '{where}.weaver_config' ({path})")
+    # its expressions parsed here, so that a mistake in one is said as the file's own key
+    Variables(derived.get("new_variables") or {}, where=f"{path}: new_variables")
     observers = derived.pop("observers", [])
     if derived.get("weights") and jets.get("weights"):
         raise VoxjetError(f"config key '{where}.weights': weaver_config {path} has its own "

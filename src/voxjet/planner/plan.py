@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ class Site:
     inter_latency_us: float = 20.0
     cores_per_node: int | None = None
     device_power_w: float | None = None
+    # the queues' names (voxjet.config.SlurmSite), not the planner's
+    slurm: dict = field(default_factory=dict)
 
     def links(self) -> Links:
         """The link values in bytes/s and seconds."""

@@ -60,7 +60,7 @@ def write_runs(path: str | os.PathLike, runs: list[RunInfo]) -> None:
 
 
 def runs_from_config(
-    config_path: str | os.PathLike, schema_path: str | os.PathLike = "config/schema.yaml"
+    config_path: str | os.PathLike, schema_path: str | os.PathLike | None = None
 ) -> list[RunInfo]:
     """Every run a workflow config defines (for summarising by hand after some runs failed:
     those are then listed as missing), named as the workflow names them."""

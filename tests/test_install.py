@@ -59,18 +59,25 @@ def test_a_user_install_pulls_no_test_tools_and_no_pythia():
         assert not r.marker.evaluate({"python_version": "3.14", "extra": ""})
 
 
+def _built_wheel(folder: Path) -> Path:
+    """The package built as a wheel into `folder` (what `pip install .` installs)."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+         str(folder), str(REPO)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = folder.glob("voxjet-*.whl")
+    return wheel
+
+
 def test_python_3_10_gets_pips_refusal_from_the_metadata(tmp_path):
     """pip refuses the package for Python 3.10 on the metadata alone (Requires-Python), before
     resolving any dependency."""
     assert PYPROJECT["project"]["requires-python"] == ">=3.11"
     pip = [sys.executable, "-m", "pip"]
-    built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        capture_output=True,
-        text=True,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = tmp_path.glob("voxjet-*.whl")
+    wheel = _built_wheel(tmp_path)
     r = subprocess.run(
         [*pip, "install", "--dry-run", "--no-deps", "--no-index", "--python-version", "3.10",
          "--only-binary=:all:", "--target", str(tmp_path / "t"), str(wheel)],
@@ -134,13 +141,7 @@ def test_an_installed_wheel_works_from_any_folder(tmp_path):
     """`pip install .` (a built wheel, not the repository) and the commands README shows outside
     the workflow, from an empty folder: the schema comes with the package."""
     pip = [sys.executable, "-m", "pip"]
-    built = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
-        capture_output=True,
-        text=True,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = tmp_path.glob("voxjet-*.whl")
+    wheel = _built_wheel(tmp_path)
     site = tmp_path / "site"
     r = subprocess.run([*pip, "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                        capture_output=True, text=True)  # fmt: skip

@@ -17,7 +17,8 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 CASES = {
     "dag_parse": ["--files", "40", "--cases", "4", "--runs", "4"],
     "jets_training": ["--steps", "21", "--batch", "32", "--particles", "16"],
-    "jets_io": ["--jets-per-file", "400"],
+    # batches small enough that both loader workers get one from a few hundred jets a file
+    "jets_io": ["--jets-per-file", "400", "--batch", "128"],
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
     "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],

@@ -267,6 +267,21 @@ def test_unseen_cases_in_other_orientations_segment_onto_their_own_grid(segmente
         run_predict(str(segmenter / "run" / "model.pt"), [str(new)], str(tmp_path / "out2"))
 
 
+def test_a_case_larger_than_the_jobs_memory_is_refused_before_any_output(segmenter, tmp_path,
+                                                                         monkeypatch):  # fmt: skip
+    """The memory a case needs is known from its header: under a small SLURM allocation predict
+    stops before the first case, naming it and the numbers, and leaves no output folder."""
+    from voxjet.predict import run_predict
+
+    case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "64")
+    with pytest.raises(VoxjetError, match=rf"{case.name}: predicting case '{case.name[:-7]}' "
+                       r"\(\d+×\d+×\d+ voxels, 1 channel\(s\), 3 classes\) needs about [\d.]+ "
+                       r"GiB, more than the 0\.1 GiB of the SLURM allocation \(64 MB a node\)"):  # fmt: skip
+        run_predict(str(segmenter / "run" / "model.pt"), [str(case)], str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, tmp_path):
     from voxjet.export import export_model
     from voxjet.predict import run_predict

@@ -77,3 +77,32 @@ def test_hd95_aggregate_punishes_misses_and_false_detections():
     assert summary["organ"]["misses"] == summary["organ"]["false_detections"] == 0
     # a mean of finite values alone would have reported the one partial lesion's distance
     assert summary["lesion"]["hd95"] > partial
+
+
+def test_scoring_in_each_structures_box_equals_monai_on_the_whole_image():
+    """seg_metrics works in each class's bounding box (bounded memory for many classes): its
+    counts and HD95 equal MONAI's on the whole image, for structures inside the image, at its
+    border and far apart (prediction and reference in different corners)."""
+    import torch
+    from monai.metrics import compute_hausdorff_distance
+
+    rng = np.random.default_rng(3)
+    shape, spacing = (40, 36, 24), [0.8, 1.1, 2.5]
+    ref = np.zeros(shape, np.uint8)
+    pred = np.zeros(shape, np.uint8)
+    ref[5:15, 6:20, 3:10], pred[6:16, 5:19, 3:11] = 1, 1  # overlapping, inside
+    ref[30:40, 0:10, 14:24], pred[28:40, 0:8, 16:24] = 2, 2  # at the image's border
+    ref[2:5, 2:5, 2:5], pred[35:38, 30:34, 18:22] = 3, 3  # far apart
+    noise = rng.random(shape) < 0.01
+    pred[noise & (pred == 0)] = 1
+    classes = LabelSet({0: "background", 1: "a", 2: "b", 3: "c"}, 4)
+    got = seg_metrics(pred, ref, classes, spacing)
+    for c, name in ((1, "a"), (2, "b"), (3, "c")):
+        p, r = pred == c, ref == c
+        assert got[name]["tp"] == int((p & r).sum()) and got[name]["fp"] == int((p & ~r).sum())
+        assert got[name]["fn"] == int((~p & r).sum())
+        whole = compute_hausdorff_distance(torch.from_numpy(p)[None, None].float(),
+                                           torch.from_numpy(r)[None, None].float(),
+                                           include_background=True, percentile=95,
+                                           spacing=spacing)  # fmt: skip
+        assert got[name]["hd95"] == pytest.approx(float(whole[0, 0]), abs=1e-6), name

@@ -23,12 +23,29 @@ from monai.metrics import compute_hausdorff_distance
 from voxjet.volumes.plan.plan_file import LabelSet
 
 
-def targets(label: np.ndarray, classes: LabelSet) -> dict[str, np.ndarray]:
-    """{class or region name: its mask} of a label map, the foreground ones."""
+def target_values(classes: LabelSet) -> dict[str, list[int]]:
+    """{class or region name: the label values its mask covers}, the foreground ones."""
     if classes.regions:
-        return {name: np.isin(label, values) for name, values in classes.regions.items()}
+        return {name: list(values) for name, values in classes.regions.items()}
     names = {int(k): v for k, v in classes.labels.items()}
-    return {names[c]: label == c for c in range(1, classes.num_classes) if c in names}
+    return {names[c]: [c] for c in range(1, classes.num_classes) if c in names}
+
+
+def _mask(label: np.ndarray, values: list[int]) -> np.ndarray:
+    return label == values[0] if len(values) == 1 else np.isin(label, values)
+
+
+def _box(mask: np.ndarray) -> tuple[slice, ...] | None:
+    """The bounding box of a mask's voxels, one voxel wider where the image allows (so that
+    a structure's surface is the same in the box as in the image); None when it is empty."""
+    box = []
+    for axis in range(mask.ndim):
+        other = tuple(a for a in range(mask.ndim) if a != axis)
+        hit = np.flatnonzero(mask.any(axis=other))
+        if not len(hit):
+            return None
+        box.append(slice(max(int(hit[0]) - 1, 0), min(int(hit[-1]) + 2, mask.shape[axis])))
+    return tuple(box)
 
 
 def class_values(classes: LabelSet) -> dict[str, list[int]]:
@@ -82,15 +99,20 @@ def seg_metrics(
     computed with `hd95` False), and whether the reference has it (`present`) and the
     prediction misses it (`miss`) or has it where the reference does not
     (`false_detection`)."""
-    pm, lm = targets(pred, classes), targets(label, classes)
     out = {}
-    for name, ref in lm.items():
-        c = counts(pm[name], ref)
+    # a class at a time, in its bounding box: never a stack of every class's masks, and the
+    # distance transforms over the structure's box, not the image (MONAI crops the same way)
+    for name, values in target_values(classes).items():
+        p, r = _mask(pred, values), _mask(label, values)
+        box = _box(p | r)
+        if box is not None:
+            p, r = p[box], r[box]
+        c = counts(p, r)
         both = c["n_pred"] > 0 and c["n_ref"] > 0
         out[name] = {
             **c,
             "dice": dice_of(c["tp"], c["fp"], c["fn"]),
-            "hd95": _hd95(pm[name], ref, spacing) if hd95 and both else float("nan"),
+            "hd95": _hd95(p, r, spacing) if hd95 and both else float("nan"),
             "present": c["n_ref"] > 0,
             "miss": c["n_ref"] > 0 and c["n_pred"] == 0,
             "false_detection": c["n_ref"] == 0 and c["n_pred"] > 0,
@@ -151,9 +173,11 @@ class Scores:
 
 def dice(pred: np.ndarray, ref: np.ndarray, classes: LabelSet) -> dict[str, float]:
     """Dice of each foreground class or region of one case (NaN where both are empty)."""
-    pm, rm = targets(pred, classes), targets(ref, classes)
-    return {c: dice_of(**{k: v for k, v in counts(pm[c], r).items() if k in ("tp", "fp", "fn")})
-            for c, r in rm.items()}  # fmt: skip
+    out = {}
+    for name, values in target_values(classes).items():  # a class's masks at a time
+        c = counts(_mask(pred, values), _mask(ref, values))
+        out[name] = dice_of(c["tp"], c["fp"], c["fn"])
+    return out
 
 
 def score(maps: dict[str, np.ndarray], refs: dict[str, np.ndarray], classes: LabelSet) -> Scores:

@@ -21,10 +21,11 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.volumes.cascade import cascade_input
+from voxjet.volumes.case_memory import check_prediction_memory
 from voxjet.volumes.cases import read_channel_files
 from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing, to_ras
 from voxjet.volumes.images import ENDINGS, save_nifti
-from voxjet.volumes.inference import predict_probs, to_labels
+from voxjet.volumes.inference import logits_to_labels, predict_logits, to_labels, to_probs
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.postprocessing import apply_postprocessing
@@ -127,17 +128,22 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
     if cascade:
         where = {"crop_box": box, "original_affine": affine, "shape": shape}
         prepared = cascade_input(prepared, previous, where, plan)
-    probs = None
-    for model in models:
-        p = predict_probs(model, prepared, plan.patch_size, device, overlap, mirror=mirror,
-                          sigmoid=bool(plan.regions))  # fmt: skip
-        probs = p if probs is None else probs + p
-    probs = probs / len(models)
-    pred = to_labels(probs, plan.label_set)
     attrs = {"crop_box": box, "ras_shape": image.shape[1:], "original_affine": affine}
+    del image  # the prepared copy is all that inference reads
+    # the folds' logits averaged, as nnU-Net's predictor does: one class buffer for the case
+    logits = None
+    for model in models:
+        p = predict_logits(model, prepared, plan.patch_size, device, overlap, mirror=mirror)
+        logits = p if logits is None else logits.add_(p)
+    logits /= len(models)
+    pred = logits_to_labels(logits, plan.label_set)
     soft = None
     if probabilities:
-        soft = probs_to_original(probs.numpy(), attrs, 0.0 if plan.regions else 1.0)
+        probs = to_probs(logits, bool(plan.regions)).numpy()
+        del logits
+        soft = probs_to_original(probs, attrs, 0.0 if plan.regions else 1.0)
+    else:
+        del logits
     return labels_to_original(pred, attrs, plan.num_classes), affine, soft
 
 
@@ -226,6 +232,11 @@ def run_volume_predict(
                    for mc in configs)  # fmt: skip
     low = _lowres_stage(previous_models, rt) if cascades else None
     cases = case_inputs(inputs)
+    finest = min(configs, key=lambda mc: np.prod(Plan.from_dict(mc["plan"]).target_spacing))
+    fine = Plan.from_dict(finest["plan"])
+    check_prediction_memory([(c.case_id, list(c.files)) for c in cases[rt.rank :: rt.world_size]],
+                            fine.target_spacing, fine.outputs, probabilities,
+                            fine.patch_size)  # fmt: skip
     written = []
     for case in cases[rt.rank :: rt.world_size]:
         # nnU-Net's cascade: the lowres stage's ensemble first, its segmentation fed on

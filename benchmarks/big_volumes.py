@@ -65,17 +65,22 @@ def _run(variant: str, args: argparse.Namespace, work: Path) -> dict:
     """One variant in a fresh process: its wall time and peak RSS."""
     cmd = [sys.executable, __file__, "--child", variant, "--work", str(work),
            "--classes", str(args.classes)] + (["--mirror"] if args.mirror else [])  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # a failing side shows its own error, not only CalledProcessError's
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def nnunet_plans(shape: tuple[int, ...], classes: int) -> tuple[dict, dict]:
-    """(plans, dataset.json) of nnU-Net 2.8.1 for the case: one 3d_fullres configuration at the
-    case's own spacing, the benchmark's patch, CT normalisation."""
+def nnunet_plans(
+    shape: tuple[int, ...], classes: int, spacing: list[float] = (1.0, 1.0, 1.0)
+) -> tuple[dict, dict]:
+    """(plans, dataset.json) of nnU-Net 2.8.1 for the case: one 3d_fullres configuration at
+    `spacing` (nnU-Net's axis order), the benchmark's patch, CT normalisation."""
     resample = {"is_seg": False, "order": 1, "order_z": 0, "force_separate_z": None}
     fullres = {
         "data_identifier": "bench", "preprocessor_name": "DefaultPreprocessor", "batch_size": 2,
-        "patch_size": PATCH, "median_image_size_in_voxels": list(shape), "spacing": [1.0] * 3,
+        "patch_size": PATCH, "median_image_size_in_voxels": list(shape), "spacing": list(spacing),
         "normalization_schemes": ["CTNormalization"], "use_mask_for_norm": [False],
         "resampling_fn_data": "resample_data_or_seg_to_shape",
         "resampling_fn_seg": "resample_data_or_seg_to_shape",
@@ -88,7 +93,7 @@ def nnunet_plans(shape: tuple[int, ...], classes: int) -> tuple[dict, dict]:
     }  # fmt: skip
     plans = {
         "dataset_name": "Dataset999_Bench", "plans_name": "nnUNetPlans",
-        "original_median_spacing_after_transp": [1.0] * 3,
+        "original_median_spacing_after_transp": list(spacing),
         "original_median_shape_after_transp": list(shape), "image_reader_writer": "SimpleITKIO",
         "transpose_forward": [0, 1, 2], "transpose_backward": [0, 1, 2],
         "configurations": {"3d_fullres": fullres}, "experiment_planner_used": "bench",
@@ -130,6 +135,74 @@ def nnunet_prediction(model, image: np.ndarray, classes: int, mirror: bool) -> n
     )
 
 
+SPACING = (0.8, 0.8, 1.5)  # the case's voxels (x, y, z), mm
+TARGET = (1.0, 1.0, 1.5)  # the plan's
+CASES = ("ct_a", "ct_b", "ct_c", "ct_d")
+
+
+def write_msd(work: Path, image: np.ndarray, label: np.ndarray, classes: int) -> Path:
+    """The case as an MSD dataset (linked under four names: the planner splits the cases)."""
+    import nibabel as nib
+
+    root = work / "msd"
+    (root / "imagesTr").mkdir(parents=True)
+    (root / "labelsTr").mkdir()
+    affine = np.diag([*SPACING, 1.0])
+    nib.save(nib.Nifti1Image(image, affine), root / "imagesTr" / "ct_a.nii.gz")
+    nib.save(nib.Nifti1Image(label, affine), root / "labelsTr" / "ct_a.nii.gz")
+    for case in CASES[1:]:  # the planner's splits want training, validation and test cases
+        for sub in ("imagesTr", "labelsTr"):
+            (root / sub / f"{case}.nii.gz").symlink_to(root / sub / "ct_a.nii.gz")
+    labels = {"0": "background", **{str(c): f"organ{c}" for c in range(1, classes + 1)}}
+    training = [{"image": f"./imagesTr/{c}.nii.gz", "label": f"./labelsTr/{c}.nii.gz"}
+                for c in CASES]  # fmt: skip
+    (root / "dataset.json").write_text(json.dumps({"modality": {"0": "CT"}, "labels": labels,
+                                                   "training": training}))  # fmt: skip
+    return root
+
+
+def plan_voxjet(work: Path) -> None:
+    """voxjet's plan of the dataset at TARGET (fingerprint included), pickled for the child."""
+    import pickle
+
+    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.plan.planning import plan_dataset
+    from voxjet.volumes.settings import VolumePrepConfig
+
+    cfg = VolumePrepConfig(target_spacing=list(TARGET), patch_size=PATCH, storage="mapped")
+    planned = plan_dataset(load_dataset(work / "msd"), cfg)
+    (work / "plan.pkl").write_bytes(pickle.dumps((planned["plan"], planned["fingerprint"], cfg)))
+
+
+def preprocess_voxjet(work: Path) -> None:
+    """voxjet's preprocess_case job for one case: read, crop, resample, normalise, write."""
+    import pickle
+
+    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.preprocess import preprocess_case
+
+    plan, fp, cfg = pickle.loads((work / "plan.pkl").read_bytes())
+    ds = load_dataset(work / "msd")
+    case = next(c for c in ds.cases if c.case_id == "ct_a")
+    preprocess_case(ds, case, plan, fp, work / "voxjet_ct_a.h5", cfg)
+
+
+def preprocess_nnunet(work: Path, classes: int) -> None:
+    """nnU-Net 2.8.1's DefaultPreprocessor.run_case_save for the same case and spacing."""
+    from nnunetv2.preprocessing.preprocessors.default_preprocessor import DefaultPreprocessor
+    from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
+    image = work / "msd" / "imagesTr" / "ct_a.nii.gz"
+    label = work / "msd" / "labelsTr" / "ct_a.nii.gz"
+    shape = np.load(work / "image.npy", mmap_mode="r").shape
+    # SimpleITK's axis order (z, y, x), as nnU-Net reads the file
+    plans, dataset = nnunet_plans(shape[::-1], classes, list(TARGET[::-1]))
+    pm = PlansManager(plans)
+    DefaultPreprocessor(verbose=False).run_case_save(
+        str(work / "nnunet_ct_a"), [str(image)], str(label), pm,
+        pm.get_configuration("3d_fullres"), dataset)  # fmt: skip
+
+
 def child(variant: str, work: Path, classes: int, mirror: bool) -> None:
     """Run one variant on the stored case; print its time and peak RSS as JSON."""
     import torch
@@ -141,14 +214,21 @@ def child(variant: str, work: Path, classes: int, mirror: bool) -> None:
     from voxjet.volumes.models import build_unet
     from voxjet.volumes.plan.plan_file import LabelSet
 
-    if variant == "nnunet":  # its imports before the baseline, as voxjet's are
+    if "nnunet" in variant:  # its imports before the baseline, as voxjet's are
         import nnunetv2.inference.predict_from_raw_data  # noqa: F401
+        import nnunetv2.preprocessing.preprocessors.default_preprocessor  # noqa: F401
+    else:
+        import voxjet.volumes.preprocess  # noqa: F401
     torch.manual_seed(0)
     labels = {i: f"organ{i}" if i else "background" for i in range(classes + 1)}
     label_set = LabelSet(labels, classes + 1)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
-    if variant == "score":
+    if variant == "preprocess_voxjet":
+        preprocess_voxjet(work)
+    elif variant == "preprocess_nnunet":
+        preprocess_nnunet(work, classes)
+    elif variant == "score":
         pred = np.load(work / "pred.npy")
         ref = np.load(work / "label.npy")
         seg_metrics(pred, ref, label_set, [1.0, 1.0, 1.0])
@@ -190,6 +270,7 @@ def main() -> None:
     ap.add_argument("--shape", type=int, nargs=3, default=[256, 256, 200])
     ap.add_argument("--classes", type=int, default=14)
     ap.add_argument("--mirror", action="store_true", help="test-time mirroring (8 flips)")
+    ap.add_argument("--preprocess", action="store_true", help="also preprocessing, both sides")
     ap.add_argument("--repeats", type=int, default=2, help="runs a variant; the fastest kept")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -207,6 +288,13 @@ def main() -> None:
         image, label = ct_case(tuple(args.shape), args.classes)
         np.save(work / "image.npy", image)
         np.save(work / "label.npy", label)
+        if args.preprocess:
+            write_msd(work, image, label, args.classes)
+            plan_voxjet(work)
+            pre = [(v, _run(v, args, work)) for _ in range(args.repeats)
+                   for v in ("preprocess_voxjet", "preprocess_nnunet")]  # fmt: skip
+            pre_rows = {v: min((r for n, r in pre if n == v), key=lambda r: r["seconds"])
+                        for v in ("preprocess_voxjet", "preprocess_nnunet")}  # fmt: skip
         # each variant twice, interleaved (a shared machine's load drifts): the faster run
         runs = [(v, _run(v, args, work)) for _ in range(args.repeats)
                 for v in ("voxjet", "nnunet", "earlier")]  # fmt: skip
@@ -233,6 +321,18 @@ def main() -> None:
         grown = (r["peak"] - r["base"]) / GIB
         print(f"| {name} | {r['seconds']:.1f} | {r['peak'] / GIB:.2f} | {grown:.2f} | "
               f"{grown * GIB / lower:.2f} |")  # fmt: skip
+    if args.preprocess:
+        print(f"\npreprocessing one case from NIfTI ({SPACING} mm to the plan's {TARGET} mm; "
+              "voxjet resamples trilinearly, nnU-Net with its order-3 spline), read to "
+              "written:\n")  # fmt: skip
+        print("| variant | seconds | peak RSS GiB | above start GiB |")
+        print("|---|---|---|---|")
+        for name, r in pre_rows.items():
+            print(f"| {name} | {r['seconds']:.1f} | {r['peak'] / GIB:.2f} | "
+                  f"{(r['peak'] - r['base']) / GIB:.2f} |")  # fmt: skip
+        v, o = pre_rows["preprocess_voxjet"], pre_rows["preprocess_nnunet"]
+        print(f"voxjet ÷ nnU-Net preprocessing: time {v['seconds'] / o['seconds']:.2f}, peak "
+              f"above start {(v['peak'] - v['base']) / (o['peak'] - o['base']):.2f}\n")  # fmt: skip
     v = rows["voxjet"]
     for other in ("nnunet", "earlier"):
         o = rows[other]

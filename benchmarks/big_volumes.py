@@ -51,8 +51,9 @@ def ct_case(shape: tuple[int, ...], classes: int, seed: int = 0) -> tuple[np.nda
     image = np.full(shape, -1000, np.int16)
     body = sum(((g - n / 2) / (0.45 * n)) ** 2 for g, n in zip(grids, shape, strict=True)) < 1
     image[body] = 40
-    for c in range(1, classes + 1):
-        size = rng.uniform(0.03, 0.15) * np.array(shape)  # some organs small
+    sizes = sorted((rng.uniform(0.03, 0.15) * np.array(shape) for _ in range(classes)),
+                   key=lambda s: -np.prod(s))  # fmt: skip
+    for c, size in enumerate(sizes, 1):  # some organs small, drawn last: none hidden
         centre = rng.uniform(0.3, 0.7) * np.array(shape)
         inside = sum(((g - m) / r) ** 2 for g, m, r in zip(grids, centre, size, strict=True)) < 1
         label[inside & body] = c

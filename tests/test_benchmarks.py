@@ -21,6 +21,17 @@ CASES = {
     "jets_io": ["--jets-per-file", "400", "--batch", "128"],
     "io_latency": ["--jets-per-file", "300", "--cases", "4", "--batches", "2"],  # 4: a val case
     "predict": ["--jets", "400"],
+    "big_volumes": [
+        "--shape",
+        "48",
+        "48",
+        "40",
+        "--classes",
+        "3",
+        "--preprocess",
+        "--repeats",
+        "1",
+    ],  # fmt: skip
     "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],
     "sv_gain": ["--jets", "60", "--steps", "3", "--seeds", "1", "--models", "pfn", "--batch", "16"],
     # four cases: the plan's split needs a validation case besides training ones

@@ -202,7 +202,7 @@ def preprocess_nnunet(work: Path, classes: int) -> None:
     # SimpleITK's axis order (z, y, x), as nnU-Net reads the file
     plans, dataset = nnunet_plans(shape[::-1], classes, list(TARGET[::-1]))
     pm = PlansManager(plans)
-    for old in work.glob("nnunet_ct_a.*"):  # blosc2 will not overwrite an earlier repeat's
+    for old in work.glob("nnunet_ct_a*"):  # blosc2 will not overwrite an earlier repeat's
         old.unlink()
     DefaultPreprocessor(verbose=False).run_case_save(
         str(work / "nnunet_ct_a"), [str(image)], str(label), pm,

@@ -1,6 +1,7 @@
 """Big volumes on an ordinary node: wall time and peak resident memory of whole-case prediction
 and scoring of a whole-body-CT-like case with many classes, each variant in its own process
-(peak RSS from getrusage), side by side in one run.
+(peak RSS from getrusage, less the resident size before the variant starts), side by side in
+one run.
 
 The case: int16 CT-like intensities, `--shape` voxels (default 256 × 256 × 200; the issue's
 512 × 512 × 800 with `--shape 512 512 800`), `--classes` labelled organs (default 14) as
@@ -228,7 +229,11 @@ def child(variant: str, work: Path, classes: int, mirror: bool) -> None:
     torch.manual_seed(0)
     labels = {i: f"organ{i}" if i else "background" for i in range(classes + 1)}
     label_set = LabelSet(labels, classes + 1)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import psutil
+
+    # the resident size now, not the peak so far: an import's transient peak would hide what
+    # the variant adds below it
+    base = psutil.Process().memory_info().rss
     t0 = time.perf_counter()
     if variant == "preprocess_voxjet":
         preprocess_voxjet(work)

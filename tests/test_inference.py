@@ -35,7 +35,7 @@ def net_and_image():
     rng = np.random.default_rng(0)
     # a smooth image (a blob and a ramp), so the classes form regions rather than noise
     x, y, z = np.meshgrid(*(np.linspace(-1, 1, n) for n in (37, 30, 19)), indexing="ij")
-    image = (2 * np.exp(-(x**2 + y**2 + z**2) * 4) + x + 0.1 * rng.normal(size=x.shape))
+    image = 2 * np.exp(-(x**2 + y**2 + z**2) * 4) + x + 0.1 * rng.normal(size=x.shape)
     return model, image[None].astype(np.float32)
 
 
@@ -87,9 +87,12 @@ def test_a_case_too_large_for_the_jobs_memory_is_refused_before_any_work(tmp_pat
     voxels = 256 * 256 * 200
     assert need - 1024**3 == 8 * voxels + 8 * voxels + 60 * voxels + 3 * voxels
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "2000")
-    with pytest.raises(VoxjetError, match=r"ct_0000\.nii\.gz: predicting case 'ct' \(256×256×200 "
-                       r"voxels, 1 channel\(s\), 14 classes\) needs about 4\.0 GiB, more than "
-                       r"the 2\.0 GiB of the SLURM allocation \(2000 MB a node\).*--probabilities"):  # fmt: skip
+    said = (
+        r"ct_0000\.nii\.gz: predicting case 'ct' \(256×256×200 voxels, 1 channel\(s\), 14 "
+        r"classes\) needs about 4\.0 GiB, more than the 2\.0 GiB of the SLURM allocation "
+        r"\(2000 MB a node\).*--probabilities"
+    )
+    with pytest.raises(VoxjetError, match=said):
         check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128, 128, 128])
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "5000")
     check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128, 128, 128])

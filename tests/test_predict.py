@@ -275,9 +275,12 @@ def test_a_case_larger_than_the_jobs_memory_is_refused_before_any_output(segment
 
     case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
     monkeypatch.setenv("SLURM_MEM_PER_NODE", "64")
-    with pytest.raises(VoxjetError, match=rf"{case.name}: predicting case '{case.name[:-7]}' "
-                       r"\(\d+×\d+×\d+ voxels, 1 channel\(s\), 3 classes\) needs about [\d.]+ "
-                       r"GiB, more than the 0\.1 GiB of the SLURM allocation \(64 MB a node\)"):  # fmt: skip
+    said = (
+        rf"{case.name}: predicting case '{case.name[:-7]}' \(\d+×\d+×\d+ voxels, 1 "
+        r"channel\(s\), 3 classes\) needs about [\d.]+ GiB, more than the 0\.1 GiB of the "
+        r"SLURM allocation \(64 MB a node\)"
+    )
+    with pytest.raises(VoxjetError, match=said):
         run_predict(str(segmenter / "run" / "model.pt"), [str(case)], str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 

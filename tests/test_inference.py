@@ -18,8 +18,8 @@ from voxjet.volumes.inference import (
     mirror_axes,
     predict_case,
     predict_logits,
-    predict_probs,
     to_labels,
+    to_probs,
 )
 from voxjet.volumes.models import build_unet
 from voxjet.volumes.plan.plan_file import LabelSet
@@ -55,7 +55,7 @@ def test_probabilities_equal_monais_sliding_window(net_and_image, mirror):
     over the 8 flips, run one flip at a time (nnU-Net's mirroring), to 1e-5."""
     model, image = net_and_image
     ref = torch.softmax(_monai(model, image, mirror_axes(PATCH, mirror)), 0)
-    got = predict_probs(model, image, PATCH, torch.device("cpu"), mirror=mirror)
+    got = to_probs(predict_logits(model, image, PATCH, torch.device("cpu"), mirror=mirror))
     assert got.shape == ref.shape == (3, *image.shape[1:])
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 

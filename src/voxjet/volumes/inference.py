@@ -81,22 +81,6 @@ def to_probs(logits: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
     return torch.sigmoid(logits) if sigmoid else torch.softmax(logits, 0)
 
 
-def predict_probs(
-    model: nn.Module,
-    image: np.ndarray,
-    patch_size: list[int],
-    device: torch.device,
-    overlap: float = 0.5,
-    sw_batch_size: int = 2,
-    mirror: bool = False,
-    sigmoid: bool = False,
-) -> torch.Tensor:
-    """[C, X, Y, Z] probabilities of one preprocessed image: `predict_logits`, then softmax
-    (or sigmoid for regions)."""
-    logits = predict_logits(model, image, patch_size, device, overlap, sw_batch_size, mirror)
-    return to_probs(logits, sigmoid)
-
-
 def logits_to_labels(logits: torch.Tensor, classes: LabelSet) -> np.ndarray:
     """`to_labels` of the probabilities, from the logits (softmax keeps the arg-max, sigmoid >
     0.5 is logit > 0), without a probability volume."""

@@ -137,13 +137,9 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
         logits = p if logits is None else logits.add_(p)
     logits /= len(models)
     pred = logits_to_labels(logits, plan.label_set)
-    soft = None
-    if probabilities:
-        probs = to_probs(logits, bool(plan.regions)).numpy()
-        del logits
-        soft = probs_to_original(probs, attrs, 0.0 if plan.regions else 1.0)
-    else:
-        del logits
+    probs = to_probs(logits, bool(plan.regions)).numpy() if probabilities else None
+    del logits  # freed before the probabilities are resampled onto the original grid
+    soft = None if probs is None else probs_to_original(probs, attrs, 0.0 if plan.regions else 1.0)
     return labels_to_original(pred, attrs, plan.num_classes), affine, soft
 
 

@@ -3,9 +3,10 @@ read, and the memory this job may use: so that a case too large for the node is 
 the numbers instead of the job being killed by the kernel or SLURM half-way through a dataset.
 
 The need is the sum of what `predict.segment` holds at its peak: the case as read (float32,
-and its reoriented copy), the prepared image at the plan's spacing, MONAI's sliding-window
-buffers (the padded input, the classes' logits and the weight map), the label maps in plan and
-original space, and with probabilities the classes' probabilities on both grids."""
+and its reoriented copy), the prepared image at the plan's spacing and its padded copy, the
+streamed sliding window's band (one window's depth of the classes' logits and the weights, not
+the whole case's: voxjet.volumes.sliding_window), the label maps in plan and original space,
+and with probabilities the classes' probabilities on both grids."""
 
 from __future__ import annotations
 
@@ -58,12 +59,16 @@ def prediction_need(
 ) -> int:
     """Bytes predicting one case holds at its peak (an upper bound: no crop assumed)."""
     original = int(np.prod(head.shape))
-    # each stored axis at the plan's spacing of its RAS axis, padded by MONAI to a patch
-    planned = int(np.prod([max(round(n * s / target_spacing[a]), patch[a]) for n, s, a in
-                           zip(head.shape, head.spacing, head.ras_axes, strict=True)]))  # fmt: skip
+    # each axis at the plan's spacing (in the plan's RAS order), padded to a patch
+    grid = [0, 0, 0]
+    for n, s, a in zip(head.shape, head.spacing, head.ras_axes, strict=True):
+        grid[a] = max(round(n * s / target_spacing[a]), patch[a])
+    planned = int(np.prod(grid))
+    # the stream's band: one window's depth along the axis where that is the smallest part
+    band = planned * min(p / n for p, n in zip(patch, grid, strict=True))
     need = 2 * 4 * head.channels * original  # read as float32, its RAS copy
-    need += 2 * 4 * head.channels * planned  # the prepared image, MONAI's padded copy
-    need += 4 * (n_classes + 1) * planned  # the logits buffer and the weight map
+    need += 2 * 4 * head.channels * planned  # the prepared image, its padded copy
+    need += 4 * (n_classes + 1) * band  # the band's logits and weights
     need += planned + 2 * original  # label maps: plan space, original space and its RAS copy
     if probabilities:
         need += 4 * n_classes * (planned + 2 * original)
@@ -126,3 +131,30 @@ def check_prediction_memory(
                 f"predict with more memory (the experiment's launch.mem_mb, sbatch --mem)"
                 f"{hint}"
             )
+
+
+def largest_case_need(fingerprint: dict, target_spacing: list[float], n_classes: int,
+                      patch: list[int]) -> tuple[str, tuple[int, ...], int]:  # fmt: skip
+    """(the dataset's largest case, its voxels along R, A, S, the bytes predicting a case of
+    that size needs): from the fingerprint's cropped shapes, so an image's uncropped border
+    comes on top."""
+    shapes, spacings = fingerprint["shapes"], fingerprint["spacings"]
+    ids = fingerprint.get("case_ids") or [f"case {i + 1} of the fingerprint"
+                                          for i in range(len(shapes))]  # fmt: skip
+    i = int(np.argmax([np.prod(s) for s in shapes]))
+    shape = tuple(int(v) for v in shapes[i])
+    channels = len(fingerprint.get("channels") or [0])
+    head = Header(shape, channels, tuple(float(v) for v in spacings[i]), (0, 1, 2))
+    return ids[i], shape, prediction_need(head, target_spacing, n_classes, False, patch)
+
+
+def check_job_memory(where: str, case_id: str, shape: tuple[int, ...], need: int,
+                     mem_mb: int, key: str) -> None:  # fmt: skip
+    """Refuse a plan whose evaluation job would be killed predicting its largest case."""
+    if need > mem_mb * 1024**2:
+        raise VoxjetError(
+            f"{where}: predicting case {case_id!r} ({'×'.join(map(str, shape))} voxels after "
+            f"cropping) needs about {need / GIB:.1f} GiB, more than the {mem_mb} MB the "
+            f"evaluation job is given ({key}); raise {key} (the node must have it), or predict "
+            "at a coarser spacing (a 3d_lowres configuration)"
+        )

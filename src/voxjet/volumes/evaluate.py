@@ -22,7 +22,7 @@ from voxjet.volumes.cascade import PreviousStage
 from voxjet.volumes.figures import overlays
 from voxjet.volumes.geometry import labels_to_original, probs_to_original
 from voxjet.volumes.images import save_nifti
-from voxjet.volumes.inference import logits_to_labels, predict_logits, to_probs
+from voxjet.volumes.inference import segment_image, window_batch
 from voxjet.volumes.metrics import class_summary, diagonal_mm, mean_of, nanmean, seg_metrics
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
@@ -148,15 +148,15 @@ def evaluate_case(ev: Evaluation, cid: str, rt: Runtime, overlap: float, mirror:
     _check_spacing(ev, f, cid)
     image, label = read_case_arrays(f)
     net_input = image if ev.stage is None else ev.stage.with_image(image, cid, f.attrs)
-    logits = predict_logits(ev.model, net_input, ev.plan.patch_size, rt.device, overlap,
-                            mirror=mirror)  # fmt: skip
-    pred = logits_to_labels(logits, ev.plan.label_set)
-    if probabilities:
+    batch = window_batch(rt.device, ev.plan.batch_size)
+    pred, probs = segment_image(ev.model, net_input, ev.plan.patch_size, rt.device, overlap, batch,
+                                mirror, classes=ev.plan.label_set,
+                                probabilities=probabilities)  # fmt: skip
+    if probs is not None:
         background = 0.0 if ev.plan.regions else 1.0
-        probs = to_probs(logits, bool(ev.plan.regions)).numpy()
         save_probabilities(ev.out / PROBABILITIES, cid,
                            probs_to_original(probs, f.attrs, background))  # fmt: skip
-    del logits
+        del probs
     original, ev.per_case[cid] = score_case(f, pred, ev.plan)
     ev.diagonals[cid] = diagonal_mm(f.attrs["original_shape"], original_voxel_size(f))
     save_nifti(ev.out / "predictions" / f"{cid}.nii.gz", original,

@@ -1,18 +1,22 @@
-"""Whole-case prediction by sliding window (MONAI) with Gaussian weighting, optionally
-mirrored window by window (nnU-Net's way); label maps straight from the logits, class
-probabilities (softmax) or region probabilities (sigmoid, for region-based labels, composed into
-a label map in the dataset's regions_class_order, as nnU-Net does) only where asked for."""
+"""Whole-case prediction by sliding window with Gaussian weighting (MONAI's windows, streamed
+slab by slab: voxjet.volumes.sliding_window), optionally mirrored window by window (nnU-Net's
+way) and averaged over several models (a cross-validation's folds); label maps straight from
+each finished slab's logits, class probabilities (softmax) or region probabilities (sigmoid, for
+region-based labels, composed into a label map in the dataset's regions_class_order, as nnU-Net
+does) only where asked for. No buffer of every class's logits for the whole case is held."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from monai.inferers import sliding_window_inference
 from torch import nn
 
+from voxjet.errors import VoxjetError
 from voxjet.volumes.plan.plan_file import LabelSet
+from voxjet.volumes.sliding_window import stream_slabs
 
 
 def mirror_axes(patch_size: list[int], mirror: bool) -> list[tuple[int, ...]]:
@@ -25,55 +29,93 @@ def mirror_axes(patch_size: list[int], mirror: bool) -> list[tuple[int, ...]]:
 
 
 class MirroredWindows(nn.Module):
-    """A window batch's logits averaged over the mirror flips, the flips of the same windows
-    run as one batch (nnU-Net's mirroring: per window, logits averaged; no whole-image pass a
-    flip, no probability volume a flip)."""
+    """A window batch's logits averaged over the mirror flips and the models: the flips of the
+    same windows run in the same forward passes, at most `batch` inputs a pass (nnU-Net's
+    mirroring: per window, logits averaged; no whole-image pass a flip, no probability volume
+    a flip). Averaging the folds window by window equals averaging their whole-case logits:
+    the Gaussian blend is linear."""
 
-    def __init__(self, model: nn.Module, flips: list[tuple[int, ...]]) -> None:
+    def __init__(self, models: list[nn.Module], flips: list[tuple[int, ...]], batch: int) -> None:
         super().__init__()
-        self.model, self.flips = model, flips
+        self.models, self.flips, self.batch = nn.ModuleList(models), flips, batch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C_out, ...] logits of [B, C_in, ...] windows."""
-        if self.flips == [()]:
-            return self.model(x).float()
         n = x.shape[0]
-        batch = torch.cat([torch.flip(x, f) if f else x for f in self.flips])
-        out = self.model(batch).float()
+        if self.flips == [()] and len(self.models) == 1 and n <= self.batch:
+            return self.models[0](x).float()  # nothing to average: no second buffer
+        flipped = x if self.flips == [()] else torch.cat([torch.flip(x, f) if f else x
+                                                          for f in self.flips])  # fmt: skip
         total = None
-        for i, f in enumerate(self.flips):
-            part = out[i * n : (i + 1) * n]
-            part = torch.flip(part, f) if f else part
-            total = part if total is None else total + part
-        return total / len(self.flips)
+        for model in self.models:
+            for i in range(0, len(flipped), self.batch):  # one pass's outputs held at a time
+                for j, out in enumerate(model(flipped[i : i + self.batch]).float(), i):
+                    f = [d - 1 for d in self.flips[j // n]]  # the batch axis is gone
+                    out = torch.flip(out, f) if f else out
+                    if total is None:
+                        total = torch.zeros((n, *out.shape), dtype=out.dtype, device=out.device)
+                    total[j % n] += out
+        return total / (len(self.flips) * len(self.models))
+
+
+def window_batch(device: torch.device, plan_batch: int) -> int:
+    """Network inputs a forward pass (windows and their flips): on a GPU twice the plan's
+    training batch (whose backward pass needed more memory than inference does); on the CPU
+    two, where a larger batch is no faster and only holds more activations."""
+    return max(1, 2 * plan_batch) if device.type == "cuda" else 2
+
+
+def _as_models(model: nn.Module | list[nn.Module]) -> list[nn.Module]:
+    models = list(model) if isinstance(model, (list, tuple)) else [model]
+    for m in models:
+        m.eval()
+    return models
 
 
 @torch.no_grad()
-def predict_logits(
-    model: nn.Module,
+def predict_slabs(
+    model: nn.Module | list[nn.Module],
     image: np.ndarray,
     patch_size: list[int],
     device: torch.device,
     overlap: float = 0.5,
-    sw_batch_size: int = 2,
+    batch: int = 2,
+    mirror: bool = False,
+) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """(axis, first plane, end plane, float32 logits [C, …]) of each finished slab of one
+    preprocessed image [C, X, Y, Z]: MONAI's Gaussian sliding window; with `mirror`, each
+    window's logits averaged over all axis flips (nnU-Net's test-time mirroring); several
+    models' logits averaged; `batch` network inputs a forward pass."""
+    flips = mirror_axes(patch_size, mirror)
+    predictor = MirroredWindows(_as_models(model), flips, batch)
+    windows = max(1, batch // len(flips))
+    yield from stream_slabs(predictor, image, patch_size, device, overlap, windows)
+
+
+def _at(axis: int, lo: int, hi: int, lead: int = 1) -> tuple[slice, ...]:
+    """The index of planes [lo, hi) along spatial `axis` of an array with `lead` leading axes."""
+    return (slice(None),) * (lead + axis) + (slice(lo, hi),)
+
+
+def predict_logits(
+    model: nn.Module | list[nn.Module],
+    image: np.ndarray,
+    patch_size: list[int],
+    device: torch.device,
+    overlap: float = 0.5,
+    batch: int = 2,
     mirror: bool = False,
 ) -> torch.Tensor:
-    """[C, X, Y, Z] float32 logits of one preprocessed image [C, X, Y, Z] (on the CPU): MONAI's
-    sliding window with Gaussian weighting; with `mirror`, each window's logits averaged over
-    all axis flips (nnU-Net's test-time mirroring). One buffer of the classes' logits is all
-    the whole image holds: labels come from it without probabilities."""
-    model.eval()
-    x = torch.from_numpy(np.ascontiguousarray(image)[None]).to(device)
-    logits = sliding_window_inference(
-        x,
-        roi_size=patch_size,
-        sw_batch_size=sw_batch_size,
-        predictor=MirroredWindows(model, mirror_axes(patch_size, mirror)),
-        overlap=overlap,
-        mode="gaussian",
-        padding_mode="constant",
-    )
-    return logits[0].float().cpu()
+    """[C, X, Y, Z] float32 logits of one preprocessed image on the CPU (every class of the
+    whole case in one buffer: for an ensemble's or a test's use; prediction itself reduces the
+    slabs as they finish)."""
+    out = None
+    for axis, lo, hi, slab in predict_slabs(model, image, patch_size, device, overlap,
+                                            batch, mirror):  # fmt: skip
+        if out is None:
+            out = torch.empty((slab.shape[0], *image.shape[1:]), dtype=torch.float32)
+        out[_at(axis, lo, hi)] = slab.cpu()
+    return out
 
 
 def to_probs(logits: torch.Tensor, sigmoid: bool = False) -> torch.Tensor:
@@ -85,11 +127,24 @@ def logits_to_labels(logits: torch.Tensor, classes: LabelSet) -> np.ndarray:
     """`to_labels` of the probabilities, from the logits (softmax keeps the arg-max, sigmoid >
     0.5 is logit > 0), without a probability volume."""
     if classes.regions:
-        out = torch.zeros(logits.shape[1:], dtype=torch.uint8)
+        out = torch.zeros(logits.shape[1:], dtype=torch.uint8, device=logits.device)
         for r, value in enumerate(classes.region_order):
             out[logits[r] > 0] = value
-        return out.numpy()
-    return logits.argmax(0).numpy().astype(np.uint8)
+        return out.cpu().numpy()
+    # a running maximum class by class: torch's arg-max over the leading axis of a slab view
+    # is several times slower; `>` keeps the first of equal logits, as arg-max does
+    best, out = logits[0].clone(), torch.zeros(logits.shape[1:], dtype=torch.uint8,
+                                               device=logits.device)  # fmt: skip
+    for c in range(1, logits.shape[0]):
+        higher = logits[c] > best
+        out[higher] = c
+        torch.maximum(best, logits[c], out=best)
+    if bool(torch.isnan(best).any()):
+        raise VoxjetError(
+            "the network's output holds NaN logits (its weights are broken, e.g. a training "
+            "that diverged): evaluate or predict with another checkpoint, or retrain"
+        )
+    return out.cpu().numpy()
 
 
 def to_labels(probs: torch.Tensor, classes: LabelSet) -> np.ndarray:
@@ -103,18 +158,50 @@ def to_labels(probs: torch.Tensor, classes: LabelSet) -> np.ndarray:
     return probs.argmax(0).numpy().astype(np.uint8)
 
 
-def predict_case(
-    model: nn.Module,
+@torch.no_grad()
+def segment_image(
+    model: nn.Module | list[nn.Module],
     image: np.ndarray,
     patch_size: list[int],
     device: torch.device,
     overlap: float = 0.5,
-    sw_batch_size: int = 2,
+    batch: int = 2,
+    mirror: bool = False,
+    *,
+    classes: LabelSet,
+    probabilities: bool = False,
+    probability_sink: Callable[[int, int, int, torch.Tensor], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(label map [X, Y, Z] uint8, and with `probabilities` the class or region probabilities
+    [C, X, Y, Z] float32, else None) of one preprocessed image, each slab reduced as it
+    finishes; `probability_sink` is handed each slab's probabilities instead (axis, first and
+    end plane, [C, …]), to write them out without holding them."""
+    labels = np.zeros(image.shape[1:], np.uint8)
+    probs = None
+    for axis, lo, hi, slab in predict_slabs(model, image, patch_size, device, overlap,
+                                            batch, mirror):  # fmt: skip
+        labels[_at(axis, lo, hi, 0)] = logits_to_labels(slab, classes)
+        if probability_sink is not None:
+            probability_sink(axis, lo, hi, to_probs(slab, bool(classes.regions)))
+        elif probabilities:
+            if probs is None:
+                probs = np.empty((slab.shape[0], *image.shape[1:]), np.float32)
+            probs[_at(axis, lo, hi)] = to_probs(slab, bool(classes.regions)).cpu().numpy()
+    return labels, probs
+
+
+def predict_case(
+    model: nn.Module | list[nn.Module],
+    image: np.ndarray,
+    patch_size: list[int],
+    device: torch.device,
+    overlap: float = 0.5,
+    batch: int = 2,
     mirror: bool = False,
     *,
     classes: LabelSet,
 ) -> np.ndarray:
     """Label map [X, Y, Z] of one preprocessed image [C, X, Y, Z] (`classes`: its classes or
     regions)."""
-    logits = predict_logits(model, image, patch_size, device, overlap, sw_batch_size, mirror)
-    return logits_to_labels(logits, classes)
+    return segment_image(model, image, patch_size, device, overlap, batch, mirror,
+                         classes=classes)[0]  # fmt: skip

@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,12 @@ from voxjet.volumes.case_memory import check_prediction_memory
 from voxjet.volumes.cases import read_channel_files
 from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing, to_ras
 from voxjet.volumes.images import ENDINGS, save_nifti
-from voxjet.volumes.inference import logits_to_labels, predict_logits, to_labels, to_probs
+from voxjet.volumes.inference import segment_image, to_labels, window_batch
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.postprocessing import apply_postprocessing
 from voxjet.volumes.preprocess import to_plan_space
+from voxjet.volumes.probability_file import plan_space_buffer, stream_to_nifti, write_slab
 
 NIFTI = ENDINGS  # every image format read (NIfTI, NRRD, MHA, …)
 CHANNEL = re.compile(r"^(?P<case>.+)_(?P<ch>\d{4})$")
@@ -109,12 +111,14 @@ def load_channels(case: InputCase) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment(models: list, case: InputCase, cfg: dict, device: torch.device, overlap: float,
-            mirror: bool, probabilities: bool = False,
-            previous: np.ndarray | None = None) -> tuple:  # fmt: skip
+            mirror: bool, probabilities: bool = False, previous: np.ndarray | None = None,
+            probabilities_to: Path | None = None) -> tuple:  # fmt: skip
     """(the case's label map on its original grid, its affine, and with `probabilities` the
     class or region probabilities there, channels last, else None); several models' outputs
     are averaged (the folds of a cross-validation). A cascade's models are fed `previous`, the
-    3d_lowres stage's label map of the case on its original grid."""
+    3d_lowres stage's label map of the case on its original grid. With `probabilities_to`, the
+    probabilities are written there as a 4-D NIfTI through a chunked file instead, never all
+    classes in memory at once."""
     image, affine = load_channels(case)
     plan, fp = Plan.from_dict(cfg["plan"]), cfg["fingerprint"]
     cascade = plan.configuration == "3d_cascade_fullres"
@@ -130,16 +134,24 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
         prepared = cascade_input(prepared, previous, where, plan)
     attrs = {"crop_box": box, "ras_shape": image.shape[1:], "original_affine": affine}
     del image  # the prepared copy is all that inference reads
-    # the folds' logits averaged, as nnU-Net's predictor does: one class buffer for the case
-    logits = None
-    for model in models:
-        p = predict_logits(model, prepared, plan.patch_size, device, overlap, mirror=mirror)
-        logits = p if logits is None else logits.add_(p)
-    logits /= len(models)
-    pred = logits_to_labels(logits, plan.label_set)
-    probs = to_probs(logits, bool(plan.regions)).numpy() if probabilities else None
-    del logits  # freed before the probabilities are resampled onto the original grid
-    soft = None if probs is None else probs_to_original(probs, attrs, 0.0 if plan.regions else 1.0)
+    # the folds' logits averaged window by window, as nnU-Net's predictor averages them; each
+    # slab reduced to labels (and probabilities) as it finishes
+    batch = window_batch(device, plan.batch_size)
+    background = 0.0 if plan.regions else 1.0
+    if probabilities_to is not None:
+        where = probabilities_to.parent
+        with plan_space_buffer(where, case.case_id, plan.outputs, prepared.shape[1:]) as buffer:
+            pred, _ = segment_image(models, prepared, plan.patch_size, device, overlap, batch,
+                                    mirror, classes=plan.label_set,
+                                    probability_sink=partial(write_slab, buffer))  # fmt: skip
+            del prepared
+            stream_to_nifti(probabilities_to, buffer, attrs, background)
+        return labels_to_original(pred, attrs, plan.num_classes), affine, None
+    pred, probs = segment_image(models, prepared, plan.patch_size, device, overlap, batch, mirror,
+                                classes=plan.label_set, probabilities=probabilities)  # fmt: skip
+    del prepared
+    soft = None if probs is None else probs_to_original(probs, attrs, background)
+    del probs
     return labels_to_original(pred, attrs, plan.num_classes), affine, soft
 
 
@@ -237,18 +249,19 @@ def run_volume_predict(
     for case in cases[rt.rank :: rt.world_size]:
         # nnU-Net's cascade: the lowres stage's ensemble first, its segmentation fed on
         previous = segment(low[1], case, low[0], rt.device, overlap, mirror)[0] if low else None
-        if len(groups) == 1:
+        soft_path = out / f"{case.case_id}_probabilities.nii.gz"
+        if len(groups) == 1:  # its probabilities streamed to their file, class by class
             mc, models = next(iter(groups.values()))
             seg, affine, soft = segment(models, case, mc, rt.device, overlap, mirror,
-                                        probabilities, previous)  # fmt: skip
+                                        probabilities_to=soft_path if probabilities else None,
+                                        previous=previous)  # fmt: skip
         else:
             seg, affine, soft = segment_ensemble(list(groups.values()), case, rt.device, overlap,
                                                  mirror, probabilities, previous)  # fmt: skip
         if postprocessing:  # the best configuration's (find-best), as validated
             seg = apply_postprocessing(seg, postprocessing, plan.label_set)
         if soft is not None:  # before the label map: a case is done once its label map is
-            save_nifti(out / f"{case.case_id}_probabilities.nii.gz", soft.astype(np.float32),
-                       affine)  # fmt: skip
+            save_nifti(soft_path, soft.astype(np.float32), affine)
         target = out / f"{case.case_id}.nii.gz"
         save_nifti(target, seg.astype(np.uint8), affine)
         written.append(target)

@@ -15,6 +15,7 @@ from voxjet.volumes.images import read_image
 from voxjet.volumes.msd import Case, MSDDataset
 
 MAX_CHANNELS = 16  # a 4-D image with more along its last axis is a time series, not channels
+LABEL_SLAB = 16  # planes of a label map checked at a time
 
 
 @dataclass
@@ -40,16 +41,24 @@ def label_values(label: np.ndarray) -> np.ndarray:
 
 
 def read_label(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """A label map (non-negative integers up to 255) and its affine."""
-    data, affine = read_image(path, np.float64)
+    """A label map (non-negative integers up to 255) and its affine: read in its stored type
+    and checked slab by slab (no float64 copy of the case)."""
+    data, affine = read_image(path, None)
     if data.ndim != 3:
         raise VoxjetError(f"{path}: label of shape {data.shape}; expected a 3-D label map")
-    as_int = data.astype(np.int64)
-    if (as_int != data).any() or as_int.min() < 0:
-        raise VoxjetError(f"{path}: label values must be non-negative integers")
-    if as_int.max() > 255:
-        raise VoxjetError(f"{path}: label values above 255 (found {as_int.max()})")
-    return as_int.astype(np.uint8), affine
+    out = np.empty(data.shape, np.uint8)
+    top = 0
+    for z in range(0, data.shape[2], LABEL_SLAB):
+        slab = data[:, :, z : z + LABEL_SLAB]
+        if slab.dtype.kind == "f" and bool((slab != np.floor(slab)).any()):  # NaN too
+            raise VoxjetError(f"{path}: label values must be non-negative integers")
+        if slab.size and slab.min() < 0:
+            raise VoxjetError(f"{path}: label values must be non-negative integers")
+        top = max(top, slab.max() if slab.size else 0)
+        if top > 255:
+            raise VoxjetError(f"{path}: label values above 255 (found {data.max():g})")
+        out[:, :, z : z + LABEL_SLAB] = slab
+    return out, affine
 
 
 def read_channel_files(files: list[Path], case_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +84,9 @@ def read_channel_files(files: list[Path], case_id: str) -> tuple[np.ndarray, np.
                 f"drop case {case_id}"
             )
         arrays.append(data if data.ndim == 4 else data[..., None])
-    return np.moveaxis(np.concatenate(arrays, axis=-1), -1, 0), affine
+    # one channel is used as read (a concatenation would copy the case)
+    image = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
+    return np.moveaxis(image, -1, 0), affine
 
 
 def read_channels(ds: MSDDataset, case: Case) -> tuple[np.ndarray, np.ndarray]:

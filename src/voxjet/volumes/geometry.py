@@ -124,6 +124,32 @@ def _interp_box(ind, taps, out_box, src_lo):
     return ind
 
 
+def resample_slabs(arr: np.ndarray, shape: tuple[int, ...], slab: int = 16) -> np.ndarray:
+    """[C, X, Y, Z] (any dtype, any view) resampled linearly to [C, *shape] float32 (torch's
+    trilinear rule), a slab of output planes along the last axis at a time: each source plane
+    a slab needs is converted to float32 and resampled in-plane, then the planes are blended
+    along the last axis (nnU-Net's separate-z order), so the case is never copied whole
+    before it is resampled."""
+    import torch
+    import torch.nn.functional as F
+
+    shape = tuple(int(s) for s in shape)
+    out = np.empty((arr.shape[0], *shape), np.float32)
+    i0, i1, w = _linear_taps(arr.shape[3], shape[2])
+    for lo in range(0, shape[2], slab):
+        hi = min(lo + slab, shape[2])
+        first, last = int(i0[lo]), int(i1[hi - 1]) + 1
+        for c in range(arr.shape[0]):
+            planes = np.moveaxis(arr[c, :, :, first:last], -1, 0)  # [z, X, Y]
+            block = torch.from_numpy(np.ascontiguousarray(planes, dtype=np.float32))[:, None]
+            if tuple(block.shape[2:]) != shape[:2]:
+                block = F.interpolate(block, size=shape[:2], mode="bilinear", align_corners=False)
+            a = block[i0[lo:hi] - first, 0]
+            b = block[i1[lo:hi] - first, 0]
+            out[c, :, :, lo:hi] = torch.lerp(a, b, w[lo:hi, None, None]).permute(1, 2, 0).numpy()
+    return out
+
+
 def _extent(mask: np.ndarray) -> list[tuple[int, int]] | None:
     """[start, stop) of the True voxels along each axis of a 3-D mask, or None if none."""
     m01 = mask.any(2)

@@ -41,14 +41,16 @@ def _lps_to_ras_affine(direction, spacing, origin) -> np.ndarray:
 
 
 def read_image(path: str | Path, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """(array [x, y, z] or [x, y, z, c] as stored, RAS affine) of an image file."""
+    """(array [x, y, z] or [x, y, z, c] as stored, RAS affine) of an image file; `dtype` None
+    keeps the stored type (after the header's scaling, which nibabel applies in float)."""
     path = Path(path)
     try:
         if ending_of(path) in NIFTI_ENDINGS:
             import nibabel as nib
 
             img = nib.load(str(path))
-            return np.asarray(img.dataobj, dtype=dtype), np.asarray(img.affine, float)
+            data = np.asanyarray(img.dataobj) if dtype is None else np.asarray(img.dataobj, dtype)
+            return data, np.asarray(img.affine, float)
         sitk = _sitk()
         img = sitk.ReadImage(str(path))
     except VoxjetError:
@@ -58,7 +60,8 @@ def read_image(path: str | Path, dtype=np.float32) -> tuple[np.ndarray, np.ndarr
     if img.GetDimension() != 3:
         raise VoxjetError(f"{path}: a {img.GetDimension()}-D image; expected 3-D")
     arr = sitk.GetArrayFromImage(img)  # z, y, x[, c]
-    arr = np.transpose(arr, (2, 1, 0, *range(3, arr.ndim))).astype(dtype, copy=False)
+    arr = np.transpose(arr, (2, 1, 0, *range(3, arr.ndim)))
+    arr = arr if dtype is None else arr.astype(dtype, copy=False)
     return arr, _lps_to_ras_affine(img.GetDirection(), img.GetSpacing(), img.GetOrigin())
 
 

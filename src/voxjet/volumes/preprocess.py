@@ -25,7 +25,7 @@ from voxjet.io.mapped import write_mapped
 from voxjet.io.packed import write_packed
 from voxjet.progress import progress
 from voxjet.volumes.cases import LoadedCase, crop_box, load_case
-from voxjet.volumes.geometry import as_tensor, plan_shape, zoom_labels, zoom_to
+from voxjet.volumes.geometry import plan_shape, resample_slabs, zoom_labels
 from voxjet.volumes.msd import Case, MSDDataset, case_id_of, load_dataset
 from voxjet.volumes.plan.plan_file import Plan, read_configured
 from voxjet.volumes.plan.planning import naming_sources, plan_dataset, write_planned
@@ -34,30 +34,38 @@ from voxjet.volumes.store import CASE_FORMAT
 
 
 def normalise(image: np.ndarray, plan: Plan, fp: dict) -> np.ndarray:
-    """[C, X, Y, Z], each channel by its scheme: CT clipped to the dataset's foreground
-    0.5-99.5 percentiles of that channel and z-scored with its statistics; zscore per case;
-    rescale_to_0_1 per case; none."""
+    """[C, X, Y, Z] float32 normalised in place, each channel by its scheme: CT clipped to the
+    dataset's foreground 0.5-99.5 percentiles of that channel and z-scored with its
+    statistics; zscore per case; rescale_to_0_1 per case; none."""
     schemes = plan.normalization
     stats = fp.get("foreground_intensity_per_channel") or [fp["foreground_intensity"]]
-    src = as_tensor(image)
-    out = torch.empty(image.shape, dtype=torch.float32)
+    data = torch.from_numpy(image)
     for c in range(image.shape[0]):
-        ch, dst = src[c], out[c]
+        ch = data[c]
         scheme = schemes[c] if c < len(schemes) else "zscore"
         if scheme == "ct":
             st = stats[c]
-            torch.clamp(ch, st["percentile_00_5"], st["percentile_99_5"], out=dst)
-            dst.sub_(st["mean"]).div_(max(st["std"], 1e-8))
+            ch.clamp_(st["percentile_00_5"], st["percentile_99_5"])
+            ch.sub_(st["mean"]).div_(max(st["std"], 1e-8))
         elif scheme == "rescale_to_0_1":
             lo, hi = float(ch.min()), float(ch.max())
-            torch.sub(ch, lo, out=dst).div_(max(hi - lo, 1e-8))
-        elif scheme == "none":
-            dst.copy_(ch)
-        else:
-            d = ch.double()
-            mean, std = float(d.mean()), float(d.std(correction=0))
-            torch.sub(ch, mean, out=dst).div_(max(std, 1e-8))
-    return out.numpy()
+            ch.sub_(lo).div_(max(hi - lo, 1e-8))
+        elif scheme != "none":
+            mean, std = _mean_std(ch)
+            ch.sub_(mean).div_(max(std, 1e-8))
+    return image
+
+
+def _mean_std(ch: torch.Tensor) -> tuple[float, float]:
+    """Mean and population standard deviation in float64, summed slab by slab (two passes),
+    without a float64 copy of the channel."""
+    n, total = ch.numel(), 0.0
+    for slab in ch.split(16, dim=-1):
+        total += float(slab.sum(dtype=torch.float64))
+    mean, squares = total / max(n, 1), 0.0
+    for slab in ch.split(16, dim=-1):
+        squares += float(((slab.double() - mean) ** 2).sum())
+    return mean, (squares / max(n, 1)) ** 0.5
 
 
 def to_plan_space(
@@ -71,7 +79,7 @@ def to_plan_space(
     sl = tuple(slice(a, b) for a, b in box)
     cropped = tuple(b - a for a, b in box)
     shape = plan_shape(cropped, spacing, np.array(plan.target_spacing))
-    image = normalise(zoom_to(image_ras[(slice(None), *sl)], shape, order=1), plan, fp)
+    image = normalise(resample_slabs(image_ras[(slice(None), *sl)], shape), plan, fp)
     return image, box, shape
 
 

@@ -255,3 +255,38 @@ def test_the_link_is_measured_between_two_processes_at_ddps_bucket_sizes():
 
     bw, lat = measure_link("gloo", sizes=(2**16, 2**22), repeats=5)
     assert bw > 1e6 and 0 <= lat < 0.1
+
+
+def test_a_segmentation_run_whose_largest_case_would_not_fit_its_evaluation_job_is_refused():
+    """plan_runs checks, before profiling, what predicting the dataset's largest case needs
+    against the experiment's launch.mem_mb: refused naming the case, the need and the key;
+    recorded for runs.md otherwise."""
+    from types import SimpleNamespace
+
+    fingerprint = {"case_ids": ["small", "wholebody"], "channels": ["CT"],
+                   "shapes": [[100, 100, 50], [512, 512, 800]],
+                   "spacings": [[1.0, 1.0, 1.0], [0.8, 0.8, 1.5]]}  # fmt: skip
+    plan = SimpleNamespace(target_spacing=[0.8, 0.8, 1.5], outputs=15, patch_size=[128] * 3)
+    task = SimpleNamespace(plan=plan, fingerprint=fingerprint)
+    run = {"run": "ct_fold0", "experiment": "ct", "mem_mb": 4000}
+    said = (
+        r"run ct_fold0: predicting case 'wholebody' \(512×512×800 voxels after cropping\) "
+        r"needs about \d+\.\d GiB, more than the 4000 MB the evaluation job is given "
+        r"\(experiments\.ct\.launch\.mem_mb\); raise experiments\.ct\.launch\.mem_mb"
+    )
+    with pytest.raises(VoxjetError, match=said):
+        plan_module.prediction_memory(run, task)
+    got = plan_module.prediction_memory({**run, "mem_mb": 64000}, task)
+    assert got["case"] == "wholebody" and got["shape"] == [512, 512, 800]
+    assert 4000 * 2**20 < got["need_bytes"] < 64000 * 2**20
+    # fingerprints from before case ids were kept name the case by its place
+    older = {k: v for k, v in fingerprint.items() if k != "case_ids"}
+    got = plan_module.prediction_memory({**run, "mem_mb": 64000}, SimpleNamespace(plan=plan,
+                                        fingerprint=older))  # fmt: skip
+    assert got["case"] == "case 2 of the fingerprint"
+    profile = {"device": "cpu", "forward_s": 0.1, "backward_s": 0.2, "optimizer_s": 0.01,
+               "grad_bytes": 1e6, "batch": 2}  # fmt: skip
+    md = plan_module.plan_markdown({"runs": [{"run": "ct_fold0", "steps": 10,
+                                              "profile": profile, "predictions": [],
+                                              "prediction_memory": got}]})  # fmt: skip
+    assert "Predicting the dataset's largest case, case 2 of the fingerprint (512×512×800" in md

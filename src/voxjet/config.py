@@ -575,7 +575,8 @@ def planner_runs(runs: Mapping[str, Run], datasets: Mapping[str, Any]) -> list[d
         out.append({"run": r.run_id, "experiment": r.experiment, "domain": r.domain,
                     "data": data_location(r, ds), "read": ds["read"], "config": r.config,
                     "processes": None if r.launch.auto else r.launch.processes,
-                    "gpu": r.launch.on_gpus, "threads": r.launch.threads})  # fmt: skip
+                    "gpu": r.launch.on_gpus, "threads": r.launch.threads,
+                    "mem_mb": r.launch.mem_mb})  # fmt: skip
     return out
 
 

@@ -36,6 +36,7 @@ from voxjet.planner.model import (
     predict_step,
 )
 from voxjet.training.task import epochs, make_optimizer
+from voxjet.volumes.case_memory import check_job_memory, largest_case_need
 from voxjet.volumes.train import make_task as seg_task
 
 
@@ -398,6 +399,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
         print(f"measured {backend} all-reduce between 2 processes: {bw / 1e9:.3g} GB/s, "
               f"{lat * 1e6:.3g} µs a message", flush=True)  # fmt: skip
     profiles: dict[str, Profile] = {}
+    memory: dict[str, dict | None] = {}
     plans = []
     todo = len({profile_key(r) for r in runs})
     try:
@@ -412,7 +414,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
                 if time_limit_s is not None:
                     left = time_limit_s - (time.perf_counter() - start)
                     limits.budget_s = left / max(1, todo - len(profiles))
-                profiles[key] = _profile(run, rt, limits)
+                profiles[key], memory[key] = _profile(run, rt, limits)
                 p = profiles[key]
                 print(f"  step {p.step_s * 1e3:.3g} ms (trimmed mean) over {p.steps_timed} steps "
                       f"(spread {100 * p.spread:.0f}%), validation {p.validation_s:.3g} s, "
@@ -422,6 +424,8 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
             plans.append({"run": run["run"], "experiment": run["experiment"], "steps": steps,
                           "profile": asdict(p),
                           "predictions": predict_run(p, run, sites[p.device])})  # fmt: skip
+            if memory[key] is not None:
+                plans[-1]["prediction_memory"] = memory[key]
     finally:
         shutdown(rt)
     result: dict[str, Any] = {"site": asdict(site), "measured_link": measured, "runs": plans}
@@ -436,11 +440,27 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
     return result
 
 
-def _profile(run: dict[str, Any], rt: Any, limits: ProfileLimits) -> Profile:
+def prediction_memory(run: dict[str, Any], task: Any) -> dict[str, Any]:
+    """What predicting a segmentation run's largest case needs, checked against the memory
+    its evaluation job is given (the experiment's launch.mem_mb) before anything trains."""
+    plan = task.plan
+    case, shape, need = largest_case_need(task.fingerprint, plan.target_spacing, plan.outputs,
+                                          plan.patch_size)  # fmt: skip
+    mem_mb = int(run.get("mem_mb") or 0)
+    if mem_mb:
+        key = f"experiments.{run['experiment']}.launch.mem_mb"
+        check_job_memory(f"run {run['run']}", case, shape, need, mem_mb, key)
+    return {"case": case, "shape": list(shape), "need_bytes": need, "job_mem_mb": mem_mb or None}
+
+
+def _profile(
+    run: dict[str, Any], rt: Any, limits: ProfileLimits
+) -> tuple[Profile, dict[str, Any] | None]:
     make_task = jets_task if run["domain"] == "jets" else seg_task
     try:
         task, s = make_task(run["data"], run["config"], run.get("read"))
-        return profile_task(task, s, rt, limits, run["run"])
+        memory = None if run["domain"] == "jets" else prediction_memory(run, task)
+        return profile_task(task, s, rt, limits, run["run"]), memory
     except torch.OutOfMemoryError as e:
         raise VoxjetError(f"run {run['run']}: one training step does not fit the device "
                           f"({e}); lower train.batch_size or the model's size") from e  # fmt: skip
@@ -475,6 +495,13 @@ def plan_markdown(result: dict[str, Any]) -> str:
             "| energy kWh |",
             "|---|---|---|---|---|---|---|",
         ]  # fmt: skip
+        mem = plan.get("prediction_memory")
+        if mem:
+            job = f"{mem['job_mem_mb']} MB" if mem["job_mem_mb"] else "no memory limit set"
+            size = "×".join(map(str, mem["shape"]))
+            out[-2:-2] = [f"Predicting the dataset's largest case, {mem['case']} ({size} voxels "
+                          f"cropped), needs about {mem['need_bytes'] / 2**30:.2g} GiB; the "
+                          f"evaluation job has {job}.", ""]  # fmt: skip
         for r in plan["predictions"]:
             e = r["energy_kwh"]
             out.append(

@@ -83,6 +83,7 @@ def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
     ]
     return {
         "cases": len(stats),
+        "case_ids": list(stats),  # the order of spacings and shapes
         "channels": ds.channels,
         "labels": ds.labels,
         "regions": ds.regions,

@@ -93,12 +93,19 @@ def test_a_case_too_large_for_the_jobs_memory_is_refused_before_any_work(tmp_pat
     said = (
         r"ct_0000\.nii\.gz: predicting case 'ct' \(256×256×200 voxels, 1 channel\(s\), 14 "
         r"classes\) needs about 3\.6 GiB, more than the 2\.0 GiB of the SLURM allocation "
-        r"\(2000 MB a node\).*--probabilities"
+        r"\(2000 MB a node\).*--probabilities: an ensemble"
     )
+    # an ensemble of configurations averages every class's probabilities on the case's grid
     with pytest.raises(VoxjetError, match=said):
-        check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128, 128, 128])
-    monkeypatch.setenv("SLURM_MEM_PER_NODE", "5000")
+        check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128] * 3, True)
+    # one configuration's probabilities are streamed to their file a class at a time
     check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128, 128, 128])
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "1500")
+    with pytest.raises(VoxjetError, match=r"needs about 1\.8 GiB, more than the 1\.5 GiB") as e:
+        check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128, 128, 128])
+    assert "--probabilities" not in str(e.value)
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "5000")
+    check_prediction_memory([("ct", [big])], [0.8, 0.8, 1.5], 14, True, [128] * 3, True)
     # a finer plan spacing needs more: the prepared image is larger
     assert prediction_need(head, [0.4, 0.4, 1.5], 14, False, [128] * 3) > need
 

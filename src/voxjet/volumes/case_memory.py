@@ -56,8 +56,11 @@ def prediction_need(
     n_classes: int,
     probabilities: bool,
     patch: list[int],
+    ensemble: bool = False,
 ) -> int:
-    """Bytes predicting one case holds at its peak (an upper bound: no crop assumed)."""
+    """Bytes predicting one case holds at its peak (an upper bound: no crop assumed); with
+    probabilities, one class at a time on the original grid (predict streams them to their
+    file), or every class on both grids for an `ensemble` of configurations (averaged there)."""
     original = int(np.prod(head.shape))
     # each axis at the plan's spacing (in the plan's RAS order), padded to a patch
     grid = [0, 0, 0]
@@ -70,8 +73,10 @@ def prediction_need(
     need += 2 * 4 * head.channels * planned  # the prepared image, its padded copy
     need += 4 * (n_classes + 1) * band  # the band's logits and weights
     need += planned + 2 * original  # label maps: plan space, original space and its RAS copy
-    if probabilities:
+    if probabilities and ensemble:
         need += 4 * n_classes * (planned + 2 * original)
+    elif probabilities:  # a class read back at the plan's spacing, resampled, reoriented
+        need += 4 * (planned + 3 * original)
     return int(need + OVERHEAD)
 
 
@@ -112,6 +117,7 @@ def check_prediction_memory(
     n_classes: int,
     probabilities: bool,
     patch: list[int],
+    ensemble: bool = False,
 ) -> None:
     """Refuse, before any case is predicted, a case whose prediction needs more memory than
     this job may use, naming the case, the need and the limit."""
@@ -120,10 +126,11 @@ def check_prediction_memory(
         head = read_header(files)
         if head is None:
             continue
-        need = prediction_need(head, target_spacing, n_classes, probabilities, patch)
+        need = prediction_need(head, target_spacing, n_classes, probabilities, patch, ensemble)
         if need > limit:
-            hint = ("; or leave out --probabilities, which holds every class at full "
-                    "resolution" if probabilities else "")  # fmt: skip
+            hint = ("; or leave out --probabilities: an ensemble of configurations averages "
+                    "every class at full resolution" if probabilities and ensemble
+                    else "")  # fmt: skip
             raise VoxjetError(
                 f"{files[0]}: predicting case {case_id!r} ({'×'.join(map(str, head.shape))} "
                 f"voxels, {head.channels} channel(s), {n_classes} classes) needs about "

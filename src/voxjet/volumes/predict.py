@@ -244,7 +244,7 @@ def run_volume_predict(
     fine = Plan.from_dict(finest["plan"])
     check_prediction_memory([(c.case_id, list(c.files)) for c in cases[rt.rank :: rt.world_size]],
                             fine.target_spacing, fine.outputs, probabilities,
-                            fine.patch_size)  # fmt: skip
+                            fine.patch_size, len(groups) > 1)  # fmt: skip
     written = []
     for case in cases[rt.rank :: rt.world_size]:
         # nnU-Net's cascade: the lowres stage's ensemble first, its segmentation fed on

@@ -31,6 +31,8 @@ CASES = {
         "--preprocess",
         "--repeats",
         "1",
+        "--mirror",
+        "--probabilities",
     ],  # fmt: skip
     "store_quality": ["--seeds", "2", "--steps", "2", "--cases", "5"],
     "sv_gain": ["--jets", "60", "--steps", "3", "--seeds", "1", "--models", "pfn", "--batch", "16"],

@@ -142,6 +142,25 @@ def test_streamed_slabs_equal_monais_logits(shape, patch, axis):
     assert bool((covered == 1).all())
 
 
+def test_a_half_precision_band_as_on_a_gpu_stays_close_to_monai():
+    """The float16 accumulator a GPU gets (run here on the CPU, which CI has): logits within
+    half precision's rounding of MONAI's float32 ones, the same arg-max almost everywhere."""
+    torch.manual_seed(2)
+    model = build_unet(1, 3, [4, 8], num_res_units=1).eval()
+    image = np.random.default_rng(2).normal(size=(1, 40, 36, 30)).astype(np.float32)
+    with torch.no_grad():
+        ref = sliding_window_inference(torch.from_numpy(image[None]), [16, 16, 16], 2, model,
+                                       0.5, mode="gaussian")[0]  # fmt: skip
+        got = torch.empty_like(ref)
+        for a, lo, hi, slab in stream_slabs(model, image, [16, 16, 16], torch.device("cpu"),
+                                            dtype=torch.float16):  # fmt: skip
+            assert slab.dtype == torch.float32
+            got[(slice(None),) * (1 + a) + (slice(lo, hi),)] = slab
+    scale = float(ref.abs().max())
+    torch.testing.assert_close(got, ref, atol=4e-3 * scale, rtol=0)
+    assert float((got.argmax(0) == ref.argmax(0)).float().mean()) > 0.99
+
+
 def test_slabs_finish_before_the_last_window():
     """The stream hands a slab on while windows further along are still to run: the case's
     logits are never held whole."""

@@ -71,10 +71,12 @@ def stream_slabs(
     overlap: float = 0.5,
     sw_batch_size: int = 2,
     axis: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
     """(axis, first plane, end plane, float32 logits [C, …] of those planes) for each finished
     slab of `image` [C_in, …] in order along `axis` (by default band_axis), equal to MONAI's
-    sliding_window_inference(mode="gaussian") of the same windows."""
+    sliding_window_inference(mode="gaussian") of the same windows; `dtype` the accumulator's
+    (by default accumulator_dtype's)."""
     grid = window_grid(image.shape[1:], roi, overlap)
     a = band_axis(grid) if axis is None else axis
     nd = len(grid.roi)
@@ -82,7 +84,7 @@ def stream_slabs(
     if any(grid.pad):
         x = F.pad(x, grid.pad)
     weight = compute_importance_map(grid.roi, "gaussian", SIGMA_SCALE, device, torch.float32)
-    acc_dtype = accumulator_dtype(device)
+    acc_dtype = dtype or accumulator_dtype(device)
     # the band axis first: finished planes are a leading block, and the band shifts as one copy
     others = [d for d in range(nd) if d != a]
     perm = [1 + a, 0] + [1 + d for d in others]  # [C, *roi] window → [roi_a, C, *others]

@@ -298,7 +298,7 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
     from monai.inferers import sliding_window_inference
 
     from voxjet.volumes.geometry import labels_to_original
-    from voxjet.volumes.inference import mirror_axes, segment_image
+    from voxjet.volumes.inference import Windows, mirror_axes, segment_image
     from voxjet.volumes.metrics import seg_metrics
     from voxjet.volumes.models import build_unet
     from voxjet.volumes.plan.plan_file import LabelSet
@@ -341,13 +341,14 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
             pred = None
         elif variant == "voxjet" and probabilities:  # as predict writes them: streamed
             with plan_space_buffer(work, "voxjet", classes + 1, image.shape[1:]) as buffer:
-                pred, _ = segment_image(model, image, PATCH, dev, 0.5, 2, mirror,
+                pred, _ = segment_image(model, image, Windows(PATCH, mirror=mirror), dev,
                                         classes=label_set,
                                         probability_sink=partial(write_slab, buffer))  # fmt: skip
                 stream_to_nifti(work / "voxjet_probabilities.nii.gz", buffer, attrs, 1.0)
             pred = labels_to_original(pred, attrs, classes + 1)
         elif variant == "voxjet":
-            pred, _ = segment_image(model, image, PATCH, dev, 0.5, 2, mirror, classes=label_set)
+            windows = Windows(PATCH, 0.5, 2, mirror)
+            pred, _ = segment_image(model, image, windows, dev, classes=label_set)
             pred = labels_to_original(pred, attrs, classes + 1)
         elif variant == "nnunet":
             pred = nnunet_prediction(model, image, classes, mirror, probabilities)

@@ -14,9 +14,9 @@ from monai.inferers import sliding_window_inference
 from voxjet.errors import VoxjetError
 from voxjet.volumes.case_memory import check_prediction_memory, prediction_need, read_header
 from voxjet.volumes.inference import (
+    Windows,
     logits_to_labels,
     mirror_axes,
-    predict_case,
     predict_logits,
     segment_image,
     to_labels,
@@ -57,7 +57,7 @@ def test_probabilities_equal_monais_sliding_window(net_and_image, mirror):
     over the 8 flips, run one flip at a time (nnU-Net's mirroring), to 1e-5."""
     model, image = net_and_image
     ref = torch.softmax(_monai(model, image, mirror_axes(PATCH, mirror)), 0)
-    got = to_probs(predict_logits(model, image, PATCH, torch.device("cpu"), mirror=mirror))
+    got = to_probs(predict_logits(model, image, Windows(PATCH, mirror=mirror), torch.device("cpu")))
     assert got.shape == ref.shape == (3, *image.shape[1:])
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
@@ -65,8 +65,8 @@ def test_probabilities_equal_monais_sliding_window(net_and_image, mirror):
 def test_labels_from_logits_equal_the_arg_max_of_the_probabilities(net_and_image):
     model, image = net_and_image
     dev = torch.device("cpu")
-    logits = predict_logits(model, image, PATCH, dev)
-    labels = predict_case(model, image, PATCH, dev, classes=THREE)
+    logits = predict_logits(model, image, Windows(PATCH), dev)
+    labels = segment_image(model, image, Windows(PATCH), dev, classes=THREE)[0]
     np.testing.assert_array_equal(labels, to_labels(torch.softmax(logits, 0), THREE))
     assert len(np.unique(labels)) == 3  # all three classes present: the test can fail
     regions = LabelSet({0: "background", 1: "a", 2: "b"}, 3, {"ab": [1, 2], "b": [2]}, [1, 2])
@@ -188,11 +188,12 @@ def test_folds_and_probabilities_in_one_pass(net_and_image):
     other = build_unet(1, 3, [4, 8, 16], num_res_units=1).eval()
     dev = torch.device("cpu")
     apart = (
-        predict_logits(model, image, PATCH, dev) + predict_logits(other, image, PATCH, dev)
+        predict_logits(model, image, Windows(PATCH), dev)
+        + predict_logits(other, image, Windows(PATCH), dev)
     ) / 2
-    together = predict_logits([model, other], image, PATCH, dev)
+    together = predict_logits([model, other], image, Windows(PATCH), dev)
     torch.testing.assert_close(together, apart, atol=1e-5, rtol=0)
-    labels, probs = segment_image([model, other], image, PATCH, dev, classes=THREE,
+    labels, probs = segment_image([model, other], image, Windows(PATCH), dev, classes=THREE,
                                   probabilities=True)  # fmt: skip
     torch.testing.assert_close(torch.from_numpy(probs), torch.softmax(apart, 0), atol=1e-5, rtol=0)
     np.testing.assert_array_equal(labels, to_labels(torch.softmax(apart, 0), THREE))

@@ -158,7 +158,7 @@ def test_new_prediction_path_keeps_the_earlier_labels_on_demo_cases(cases, toy_m
     from monai.inferers import sliding_window_inference
 
     from voxjet.volumes.cases import load_case
-    from voxjet.volumes.inference import predict_case
+    from voxjet.volumes.inference import Windows, segment_image
     from voxjet.volumes.plan.plan_file import read_plan
     from voxjet.volumes.preprocess import normalise, to_plan_space
 
@@ -177,11 +177,10 @@ def test_new_prediction_path_keeps_the_earlier_labels_on_demo_cases(cases, toy_m
             logits = sliding_window_inference(torch.from_numpy(old[None]), plan.patch_size, 2,
                                               model, 0.5, mode="gaussian")[0]  # fmt: skip
         before = logits.argmax(0).numpy()
-        same_input = predict_case(model, old, plan.patch_size, torch.device("cpu"),
-                                  classes=plan.label_set)  # fmt: skip
+        windows, cpu = Windows(plan.patch_size), torch.device("cpu")
+        same_input = segment_image(model, old, windows, cpu, classes=plan.label_set)[0]
         np.testing.assert_array_equal(same_input, before)
-        after = predict_case(model, new, plan.patch_size, torch.device("cpu"),
-                             classes=plan.label_set)  # fmt: skip
+        after = segment_image(model, new, windows, cpu, classes=plan.label_set)[0]
         agree, voxels = agree + int((after == before).sum()), voxels + before.size
     assert len(np.unique(before)) > 1  # the labels are not all one class: the test can fail
     assert agree / voxels >= 0.9999
@@ -624,7 +623,7 @@ def test_pipelined_segmentation_training_follows_the_single_process_run(cases, t
 def test_mirroring_makes_the_prediction_flip_equivariant():
     """Test-time mirroring averages all 8 flips: predicting a flipped image gives the flipped
     prediction (one window, so the sliding-window grid plays no part)."""
-    from voxjet.volumes.inference import predict_case
+    from voxjet.volumes.inference import Windows, segment_image
     from voxjet.volumes.models import build_unet
 
     torch.manual_seed(0)
@@ -632,11 +631,12 @@ def test_mirroring_makes_the_prediction_flip_equivariant():
     image = np.random.default_rng(0).normal(size=(1, 16, 16, 16)).astype(np.float32)
     dev = torch.device("cpu")
     three = LabelSet({0: "background", 1: "a", 2: "b"}, 3)
-    plain = predict_case(model, image, [16, 16, 16], dev, classes=three)
-    flipped = predict_case(model, image[:, ::-1], [16, 16, 16], dev, classes=three)
+    plain = segment_image(model, image, Windows([16] * 3), dev, classes=three)[0]
+    flipped = segment_image(model, image[:, ::-1], Windows([16] * 3), dev, classes=three)[0]
     assert not np.array_equal(flipped[::-1], plain)  # a random net is not symmetric itself
-    m = predict_case(model, image, [16, 16, 16], dev, mirror=True, classes=three)
-    mf = predict_case(model, image[:, ::-1], [16, 16, 16], dev, mirror=True, classes=three)
+    mirrored = Windows([16] * 3, mirror=True)
+    m = segment_image(model, image, mirrored, dev, classes=three)[0]
+    mf = segment_image(model, image[:, ::-1], mirrored, dev, classes=three)[0]
     assert (mf[::-1] == m).mean() > 0.999
 
 

@@ -22,7 +22,7 @@ from voxjet.volumes.cascade import PreviousStage
 from voxjet.volumes.figures import overlays
 from voxjet.volumes.geometry import labels_to_original, probs_to_original
 from voxjet.volumes.images import save_nifti
-from voxjet.volumes.inference import segment_image, window_batch
+from voxjet.volumes.inference import Windows, segment_image
 from voxjet.volumes.metrics import class_summary, diagonal_mm, mean_of, nanmean, seg_metrics
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
@@ -148,10 +148,9 @@ def evaluate_case(ev: Evaluation, cid: str, rt: Runtime, overlap: float, mirror:
     _check_spacing(ev, f, cid)
     image, label = read_case_arrays(f)
     net_input = image if ev.stage is None else ev.stage.with_image(image, cid, f.attrs)
-    batch = window_batch(rt.device, ev.plan.batch_size)
-    pred, probs = segment_image(ev.model, net_input, ev.plan.patch_size, rt.device, overlap, batch,
-                                mirror, classes=ev.plan.label_set,
-                                probabilities=probabilities)  # fmt: skip
+    windows = Windows.of_plan(ev.plan, rt.device, overlap, mirror)
+    pred, probs = segment_image(ev.model, net_input, windows, rt.device,
+                                classes=ev.plan.label_set, probabilities=probabilities)  # fmt: skip
     if probs is not None:
         background = 0.0 if ev.plan.regions else 1.0
         save_probabilities(ev.out / PROBABILITIES, cid,

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.plan.plan_file import LabelSet
+from voxjet.volumes.plan.plan_file import LabelSet, Plan
 from voxjet.volumes.sliding_window import stream_slabs
 
 
@@ -65,6 +66,23 @@ def window_batch(device: torch.device, plan_batch: int) -> int:
     return max(1, 2 * plan_batch) if device.type == "cuda" else 2
 
 
+@dataclass(frozen=True)
+class Windows:
+    """How a case is cut into windows and what a window's logits average over: the plan's
+    patch, the windows' overlap, network inputs a forward pass, test-time mirroring."""
+
+    patch_size: list[int]
+    overlap: float = 0.5
+    batch: int = 2
+    mirror: bool = False
+
+    @classmethod
+    def of_plan(cls, plan: Plan, device: torch.device, overlap: float = 0.5,
+                mirror: bool = False) -> Windows:  # fmt: skip
+        """The plan's windows, batched as the device allows (window_batch)."""
+        return cls(list(plan.patch_size), overlap, window_batch(device, plan.batch_size), mirror)
+
+
 def _as_models(model: nn.Module | list[nn.Module]) -> list[nn.Module]:
     models = list(model) if isinstance(model, (list, tuple)) else [model]
     for m in models:
@@ -74,22 +92,17 @@ def _as_models(model: nn.Module | list[nn.Module]) -> list[nn.Module]:
 
 @torch.no_grad()
 def predict_slabs(
-    model: nn.Module | list[nn.Module],
-    image: np.ndarray,
-    patch_size: list[int],
-    device: torch.device,
-    overlap: float = 0.5,
-    batch: int = 2,
-    mirror: bool = False,
+    model: nn.Module | list[nn.Module], image: np.ndarray, windows: Windows, device: torch.device
 ) -> Iterator[tuple[int, int, int, torch.Tensor]]:
     """(axis, first plane, end plane, float32 logits [C, …]) of each finished slab of one
-    preprocessed image [C, X, Y, Z]: MONAI's Gaussian sliding window; with `mirror`, each
+    preprocessed image [C, X, Y, Z]: MONAI's Gaussian sliding window; with mirroring, each
     window's logits averaged over all axis flips (nnU-Net's test-time mirroring); several
-    models' logits averaged; `batch` network inputs a forward pass."""
-    flips = mirror_axes(patch_size, mirror)
-    predictor = MirroredWindows(_as_models(model), flips, batch)
-    windows = max(1, batch // len(flips))
-    yield from stream_slabs(predictor, image, patch_size, device, overlap, windows)
+    models' logits averaged."""
+    flips = mirror_axes(windows.patch_size, windows.mirror)
+    predictor = MirroredWindows(_as_models(model), flips, windows.batch)
+    per_pass = max(1, windows.batch // len(flips))
+    yield from stream_slabs(predictor, image, windows.patch_size, device, windows.overlap,
+                            per_pass)  # fmt: skip
 
 
 def _at(axis: int, lo: int, hi: int, lead: int = 1) -> tuple[slice, ...]:
@@ -98,20 +111,13 @@ def _at(axis: int, lo: int, hi: int, lead: int = 1) -> tuple[slice, ...]:
 
 
 def predict_logits(
-    model: nn.Module | list[nn.Module],
-    image: np.ndarray,
-    patch_size: list[int],
-    device: torch.device,
-    overlap: float = 0.5,
-    batch: int = 2,
-    mirror: bool = False,
+    model: nn.Module | list[nn.Module], image: np.ndarray, windows: Windows, device: torch.device
 ) -> torch.Tensor:
     """[C, X, Y, Z] float32 logits of one preprocessed image on the CPU (every class of the
     whole case in one buffer: for an ensemble's or a test's use; prediction itself reduces the
     slabs as they finish)."""
     out = None
-    for axis, lo, hi, slab in predict_slabs(model, image, patch_size, device, overlap,
-                                            batch, mirror):  # fmt: skip
+    for axis, lo, hi, slab in predict_slabs(model, image, windows, device):
         if out is None:
             out = torch.empty((slab.shape[0], *image.shape[1:]), dtype=torch.float32)
         out[_at(axis, lo, hi)] = slab.cpu()
@@ -162,11 +168,8 @@ def to_labels(probs: torch.Tensor, classes: LabelSet) -> np.ndarray:
 def segment_image(
     model: nn.Module | list[nn.Module],
     image: np.ndarray,
-    patch_size: list[int],
+    windows: Windows,
     device: torch.device,
-    overlap: float = 0.5,
-    batch: int = 2,
-    mirror: bool = False,
     *,
     classes: LabelSet,
     probabilities: bool = False,
@@ -178,8 +181,7 @@ def segment_image(
     end plane, [C, …]), to write them out without holding them."""
     labels = np.zeros(image.shape[1:], np.uint8)
     probs = None
-    for axis, lo, hi, slab in predict_slabs(model, image, patch_size, device, overlap,
-                                            batch, mirror):  # fmt: skip
+    for axis, lo, hi, slab in predict_slabs(model, image, windows, device):
         labels[_at(axis, lo, hi, 0)] = logits_to_labels(slab, classes)
         if probability_sink is not None:
             probability_sink(axis, lo, hi, to_probs(slab, bool(classes.regions)))
@@ -188,20 +190,3 @@ def segment_image(
                 probs = np.empty((slab.shape[0], *image.shape[1:]), np.float32)
             probs[_at(axis, lo, hi)] = to_probs(slab, bool(classes.regions)).cpu().numpy()
     return labels, probs
-
-
-def predict_case(
-    model: nn.Module | list[nn.Module],
-    image: np.ndarray,
-    patch_size: list[int],
-    device: torch.device,
-    overlap: float = 0.5,
-    batch: int = 2,
-    mirror: bool = False,
-    *,
-    classes: LabelSet,
-) -> np.ndarray:
-    """Label map [X, Y, Z] of one preprocessed image [C, X, Y, Z] (`classes`: its classes or
-    regions)."""
-    return segment_image(model, image, patch_size, device, overlap, batch, mirror,
-                         classes=classes)[0]  # fmt: skip

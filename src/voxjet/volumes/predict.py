@@ -26,7 +26,7 @@ from voxjet.volumes.case_memory import check_prediction_memory
 from voxjet.volumes.cases import read_channel_files
 from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing, to_ras
 from voxjet.volumes.images import ENDINGS, save_nifti
-from voxjet.volumes.inference import segment_image, to_labels, window_batch
+from voxjet.volumes.inference import Windows, segment_image, to_labels
 from voxjet.volumes.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.postprocessing import apply_postprocessing
@@ -136,19 +136,18 @@ def segment(models: list, case: InputCase, cfg: dict, device: torch.device, over
     del image  # the prepared copy is all that inference reads
     # the folds' logits averaged window by window, as nnU-Net's predictor averages them; each
     # slab reduced to labels (and probabilities) as it finishes
-    batch = window_batch(device, plan.batch_size)
+    windows = Windows.of_plan(plan, device, overlap, mirror)
     background = 0.0 if plan.regions else 1.0
     if probabilities_to is not None:
         where = probabilities_to.parent
         with plan_space_buffer(where, case.case_id, plan.outputs, prepared.shape[1:]) as buffer:
-            pred, _ = segment_image(models, prepared, plan.patch_size, device, overlap, batch,
-                                    mirror, classes=plan.label_set,
+            pred, _ = segment_image(models, prepared, windows, device, classes=plan.label_set,
                                     probability_sink=partial(write_slab, buffer))  # fmt: skip
             del prepared
             stream_to_nifti(probabilities_to, buffer, attrs, background)
         return labels_to_original(pred, attrs, plan.num_classes), affine, None
-    pred, probs = segment_image(models, prepared, plan.patch_size, device, overlap, batch, mirror,
-                                classes=plan.label_set, probabilities=probabilities)  # fmt: skip
+    pred, probs = segment_image(models, prepared, windows, device, classes=plan.label_set,
+                                probabilities=probabilities)  # fmt: skip
     del prepared
     soft = None if probs is None else probs_to_original(probs, attrs, background)
     del probs

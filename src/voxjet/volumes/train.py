@@ -27,7 +27,7 @@ from voxjet.training.loop import train
 from voxjet.training.task import TrainSettings
 from voxjet.volumes.augment import augment_batch, params_of
 from voxjet.volumes.cascade import PreviousStage
-from voxjet.volumes.inference import predict_case
+from voxjet.volumes.inference import Windows, segment_image
 from voxjet.volumes.metrics import class_means, dice, mean_of, nanmean
 from voxjet.volumes.models import build_seg_model
 from voxjet.volumes.patches import PatchBatches, PatchSampler
@@ -233,8 +233,8 @@ class SegTask:
             image, label = read_case_arrays(f)
             if self.previous is not None:
                 image = self.previous.with_image(image, cid, f.attrs)
-            pred = predict_case(model, image, self.plan.patch_size, device,
-                                classes=self.plan.label_set)  # fmt: skip
+            windows = Windows(list(self.plan.patch_size))
+            pred = segment_image(model, image, windows, device, classes=self.plan.label_set)[0]
             # nnU-Net's Dice: a false positive on a case without the class counts 0
             mine[cid] = dice(pred, label, self.plan.label_set)
         parts = [mine]

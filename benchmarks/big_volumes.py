@@ -1,7 +1,10 @@
 """Big volumes on an ordinary node: wall time and peak resident memory of preprocessing,
 whole-case prediction and scoring of a whole-body-CT-like case with many classes, each variant
-in its own process (peak RSS from getrusage, less the resident size before the variant starts),
+in its own process (its peak resident size less the resident size before the variant starts),
 side by side in one run, repeats interleaved.
+
+Peaks are the kernel's high-water mark of the resident size (VmHWM), reset when the variant
+starts (so neither the parent's resident size at the fork nor the imports count).
 
 The case: int16 CT-like intensities, `--shape` voxels (default 256 × 256 × 200; the issue's
 512 × 512 × 800 with `--shape 512 512 800`), `--classes` labelled organs (default 14) as
@@ -278,7 +281,8 @@ def load_image(work: Path) -> np.ndarray:
     place (statistics summed a few planes at a time: no temporary copy of the case beyond the
     one float32 array each side is given)."""
     stored = np.load(work / "image.npy")
-    image = stored.astype(np.float32)[None] if stored.ndim == 3 else stored.astype(np.float32)
+    image = stored.astype(np.float32, copy=False)
+    image = image[None] if image.ndim == 3 else image
     del stored
     for ch in image:
         n, total, squares = ch.size, 0.0, 0.0
@@ -290,6 +294,30 @@ def load_image(work: Path) -> np.ndarray:
         ch -= mean
         ch /= (squares / n) ** 0.5
     return image
+
+
+def start_peak() -> int:
+    """Reset the kernel's peak-RSS mark (VmHWM) to the resident size now, and return that size:
+    getrusage's maximum would also hold the parent's resident size at the fork and the imports'
+    transient peaks."""
+    import psutil
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not allowed: the peak then counts from the process's start
+        pass
+    return psutil.Process().memory_info().rss
+
+
+def peak_rss() -> int:
+    """The peak resident size since start_peak (VmHWM), else getrusage's."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: bool) -> None:
@@ -312,11 +340,7 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
     torch.manual_seed(0)
     labels = {i: f"organ{i}" if i else "background" for i in range(classes + 1)}
     label_set = LabelSet(labels, classes + 1)
-    import psutil
-
-    # the resident size now, not the peak so far: an import's transient peak would hide what
-    # the variant adds below it
-    base = psutil.Process().memory_info().rss
+    base = start_peak()
     t0 = time.perf_counter()
     if variant == "preprocess_voxjet":
         preprocess_voxjet(work)
@@ -335,7 +359,7 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
         if variant == "network":  # one forward pass of the window batch alone
             windows = torch.randn(2, image.shape[0], *PATCH)  # a batch of two whole windows
             del image
-            base = psutil.Process().memory_info().rss  # the network's own, not the image's
+            base = start_peak()  # the network's own, not the image's
             with torch.no_grad():
                 model(windows)
             pred = None
@@ -371,7 +395,7 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
         if pred is not None:
             np.save(work / f"pred_{variant}.npy", pred)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     print(json.dumps({"seconds": seconds, "peak": peak, "base": base}))
 
 

@@ -55,7 +55,7 @@ def stream_to_nifti(target: Path, buffer: h5py.Dataset, attrs: dict, background:
     inside = tuple(slice(int(a), int(b)) for a, b in box)
     ras_shape = tuple(int(s) for s in attrs["ras_shape"])
     n = buffer.shape[0]
-    first = from_ras(np.zeros(ras_shape, np.uint8), affine)
+    first = from_ras(np.broadcast_to(np.uint8(0), ras_shape), affine)  # its shape only
     header = nib.Nifti1Header()
     header.set_data_shape((*first.shape, n))
     header.set_data_dtype(np.float32)

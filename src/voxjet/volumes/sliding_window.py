@@ -89,7 +89,8 @@ def stream_slabs(
     others = [d for d in range(nd) if d != a]
     perm = [1 + a, 0] + [1 + d for d in others]  # [C, *roi] window → [roi_a, C, *others]
     w_band = weight.permute([a] + others)
-    w_acc = w_band.unsqueeze(1).to(acc_dtype)  # [roi_a, 1, *others]: broadcast over classes
+    w_count = w_band.unsqueeze(1)  # [roi_a, 1, *others]: broadcast over classes
+    w_acc = w_count.to(acc_dtype)
     depth = grid.roi[a]
     acc = count = None
     lo = 0  # the padded plane the band's first row holds
@@ -114,12 +115,10 @@ def stream_slabs(
         _shift(count, n)
         lo = stop
 
-    order = np.argsort(grid.starts[:, a], kind="stable")
-    for s in np.unique(grid.starts[:, a]):
+    for s in np.unique(grid.starts[:, a]):  # MONAI's first window starts at plane 0
         if acc is not None:
             yield from finish(int(s))
-        lo = lo if acc is not None else int(s)
-        group = [grid.starts[i] for i in order if grid.starts[i, a] == s]
+        group = grid.starts[grid.starts[:, a] == s]
         for b in range(0, len(group), sw_batch_size):
             batch = group[b : b + sw_batch_size]
             windows = torch.cat([x[_window(w, grid.roi)] for w in batch])
@@ -133,7 +132,7 @@ def stream_slabs(
                          *(slice(int(w[d]), int(w[d]) + grid.roi[d]) for d in others))  # fmt: skip
                 # weighted and added in one pass, without a weighted copy of the window
                 acc[where].addcmul_(o.to(acc_dtype).permute(perm), w_acc)
-                count[where] += w_band.unsqueeze(1)
+                count[where] += w_count
     yield from finish(grid.padded[a])
 
 

@@ -146,3 +146,72 @@ def test_file_list_errors_name_the_list_and_entry(source, tmp_path):
     listing.write_text(f"{source / 'nope.root'}\n")
     with pytest.raises(VoxjetError, match=r"files\.txt: listed file .*nope\.root.* does not exist"):
         stage(None, tmp_path / "dst", tmp_path / "m.json", file_list=str(listing))
+
+
+def _keys(source, dest):
+    from voxjet.stage.fingerprint import content_keys
+    from voxjet.stage.transfer import LEDGER, list_sources
+
+    return content_keys(list_sources(str(source), ["*"])[1], dest / LEDGER)
+
+
+def _flip_between_samples(path):
+    """A same-size change where the quick fingerprint does not look, the time moved on."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 + 100_000] ^= 1
+    path.write_bytes(bytes(data))
+    later = os.stat(path).st_mtime + 10
+    os.utime(path, (later, later))
+
+
+def test_a_change_the_fingerprint_misses_is_found_by_verify_then_restaged(tmp_path):
+    from voxjet.stage.verify import verify_sources
+
+    src, dest = tmp_path / "src", tmp_path / "staged"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(6 << 20))
+    stage(str(src), dest, tmp_path / "m.json")
+    keys = _keys(src, dest)
+    _flip_between_samples(src / "big.bin")
+    assert _keys(src, dest) == keys  # the dry run cannot tell
+    with pytest.raises(VoxjetError, match="changed since they were staged though their size"):
+        verify_sources(str(src), dest, ["*"], tmp_path / "v.json")
+    assert _keys(src, dest) != keys  # its generation moved: the next run redoes what read it
+    stage(str(src), dest, tmp_path / "m.json")  # copies it again, refusing nothing
+    assert (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    settled = _keys(src, dest)
+    verify_sources(str(src), dest, ["*"], tmp_path / "v.json")
+    assert json.loads((tmp_path / "v.json").read_text())["checked"] == 0
+    assert _keys(src, dest) == settled != keys
+
+
+def test_the_stage_refuses_a_change_the_fingerprint_missed_and_records_it(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "staged"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(6 << 20))
+    stage(str(src), dest, tmp_path / "m.json")
+    keys = _keys(src, dest)
+    _flip_between_samples(src / "big.bin")
+    (tmp_path / "m.json").unlink()  # Snakemake removes a job's outputs before it runs
+    with pytest.raises(VoxjetError, match="run snakemake again"):
+        stage(str(src), dest, tmp_path / "m.json")
+    assert not (tmp_path / "m.json").exists() and _keys(src, dest) != keys
+    stage(str(src), dest, tmp_path / "m.json")
+    assert (dest / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+
+
+def test_touched_sources_are_verified_and_keep_their_keys(tmp_path):
+    from voxjet.stage.verify import verify_sources
+
+    src, dest = tmp_path / "src", tmp_path / "staged"
+    src.mkdir()
+    for k in range(3):
+        (src / f"f{k}.bin").write_bytes(os.urandom(1000 + k))
+    stage(str(src), dest, tmp_path / "m.json")
+    keys = _keys(src, dest)
+    for p in src.iterdir():
+        os.utime(p, (os.stat(p).st_mtime + 10,) * 2)
+    summary = verify_sources(str(src), dest, ["*"], tmp_path / "v.json")
+    assert summary == {"files": 3, "checked": 3, "changed": []}
+    assert _keys(src, dest) == keys
+    assert verify_sources(str(src), dest, ["*"], tmp_path / "v.json")["checked"] == 0

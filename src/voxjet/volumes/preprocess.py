@@ -9,6 +9,7 @@ the original space. Planning is voxjet.volumes.plan."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -134,10 +135,11 @@ def _geometry(lc: LoadedCase, box: list[list[int]], plan: Plan,
     }
 
 
-def preprocess_case(
-    ds: MSDDataset, case: Case, plan: Plan, fp: dict, out_path: Path, cfg: VolumePrepConfig
-) -> dict:
-    """Write one case file; returns its summary (shape, voxels a label value)."""
+def preprocess_case(ds: MSDDataset, case: Case, plan: Plan, fp: dict, out_path: Path,
+                    cfg: VolumePrepConfig, made_from: str = "") -> dict:  # fmt: skip
+    """Write one case file (recording what it was made from: `made_from`, the workflow's
+    digest of its sources, and the digest of what the plan gave it); returns its summary
+    (shape, voxels a label value)."""
     lc = load_case(ds, case)
     image, box, shape = to_plan_space(lc.image, lc.spacing, plan, fp)
     label = zoom_labels(lc.label[tuple(slice(a, b) for a, b in box)], shape, plan.num_classes)
@@ -153,6 +155,7 @@ def preprocess_case(
         classes = [c for c in sorted(ds.labels) if c != 0]
         counts = _write_foreground(f, label, classes, cfg.foreground_samples, rng)
         f.attrs.update({"case_id": case.case_id, "format_version": CASE_FORMAT,
+                        "plan_digest": plan_inputs_digest(plan, fp), "made_from": made_from,
                         **_geometry(lc, box, plan, shape)})  # fmt: skip
     return {
         "case_id": case.case_id,
@@ -160,6 +163,39 @@ def preprocess_case(
         "voxels_per_class": counts,
         "bytes": out_path.stat().st_size,  # spares a reader at a URL one request (size())
     }
+
+
+def plan_inputs(plan: Plan, fp: dict, skipped: str | None = None) -> dict:
+    """What a case file takes from its dataset's planning (besides its own files): the plan's
+    spacing, patch (the chunking), classes, storage and normalisation, the foreground intensity
+    statistics of the channels normalised with them (CT), and whether the case was set aside."""
+    stats = fp.get("foreground_intensity_per_channel") or [fp.get("foreground_intensity")]
+    return {
+        "target_spacing": plan.target_spacing,
+        "patch_size": plan.patch_size,
+        "num_classes": plan.num_classes,
+        "normalization": plan.normalization,
+        "storage": plan.storage.get("store", plan.config.get("storage")),
+        "config": {k: plan.config.get(k) for k in ("seed", "foreground_samples", "storage")},
+        "ct": [
+            stats[c] if s == "ct" and c < len(stats) else None
+            for c, s in enumerate(plan.normalization)
+        ],  # fmt: skip
+        "skipped": skipped,
+    }
+
+
+def plan_inputs_digest(plan: Plan, fp: dict, skipped: str | None = None) -> str:
+    """A short digest of plan_inputs: equal for two plans that make the same case file."""
+    text = json.dumps(plan_inputs(plan, fp, skipped), sort_keys=True, default=float)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_planning(plan_dir: str | os.PathLike, configuration: str) -> tuple[Plan, dict, dict]:
+    """A planning folder's plan (of one configuration), fingerprint and skipped cases."""
+    plan_dir = Path(plan_dir)
+    plan = read_configured(str(plan_dir), configuration)
+    return plan, read_json(plan_dir / "fingerprint.json"), read_json(plan_dir / "skipped.json")
 
 
 def _whole_chunks(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -191,34 +227,37 @@ def preprocess_one(
     case_id: str,
     out_path: str | os.PathLike,
     configuration: str = "3d_fullres",
+    made_from: str = "",
 ) -> dict:
     """The per-case job: preprocess one case with the dataset's plan, at the spacing of one of
     its configurations (a case the planning skipped as bad gets a file that says so, and
-    why)."""
-    plan_dir = Path(plan_dir)
+    why); `made_from`, what the workflow knows the case's sources as, is recorded in it."""
     manifest = read_json(manifest_path)
     ds = load_dataset(manifest["root"])
-    plan = read_configured(str(plan_dir), configuration)
-    fp = read_json(plan_dir / "fingerprint.json")
-    skipped = read_json(plan_dir / "skipped.json")
+    plan, fp, skipped = read_planning(plan_dir, configuration)
     by_id = {c.case_id: c for c in ds.cases}
     if case_id not in by_id:
         raise VoxjetError(f"case {case_id!r} is not in {ds.root / 'dataset.json'}")
     if case_id in skipped:
+        made_with = plan_inputs_digest(plan, fp, skipped[case_id])
         with atomic_path(out_path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs.update({"case_id": case_id, "format_version": CASE_FORMAT,
-                            "skipped": skipped[case_id]})  # fmt: skip
+                            "skipped": skipped[case_id], "made_from": made_from,
+                            "plan_digest": made_with})  # fmt: skip
         return {"case_id": case_id, "skipped": skipped[case_id]}
     cfg = VolumePrepConfig(**plan.config)
     with naming_sources(manifest):
-        return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg)
+        return preprocess_case(ds, by_id[case_id], plan, fp, Path(out_path), cfg, made_from)
 
 
-def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> list[dict]:
-    """After every case job: put the plan beside the case files and write cases.json last."""
+def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike,
+                 configuration: str = "3d_fullres") -> list[dict]:  # fmt: skip
+    """After every case job: check that each case file was made with the plan as it is now,
+    put the plan beside the case files and write cases.json last."""
     plan_dir, cases_dir = Path(plan_dir), Path(cases_dir)
     splits = read_json(plan_dir / "splits.json")
-    summaries = []
+    plan, fp, skipped = read_planning(plan_dir, configuration)
+    summaries, earlier = [], []
     used = {c for k in ("train", "val", "test") for c in splits[k]}
     used |= {c for f in splits.get("folds", []) for part in f.values() for c in part}
     for cid in sorted(used):
@@ -226,12 +265,23 @@ def gather_cases(plan_dir: str | os.PathLike, cases_dir: str | os.PathLike) -> l
         try:
             with h5py.File(path, "r") as f:
                 shape = [int(v) for v in f.attrs["shape"]]
+                made_with = f.attrs.get("plan_digest")
             # its size spares a reader at a URL one request a case file (fsspec's size())
             summaries.append({"case_id": cid, "shape": shape, "bytes": path.stat().st_size})
         except (OSError, KeyError) as e:
             raise VoxjetError(
                 f"{path}: missing or unreadable; rerun its preprocess_case job"
             ) from e
+        if made_with != plan_inputs_digest(plan, fp, skipped.get(cid)):
+            earlier.append(cid)
+    if earlier:
+        raise VoxjetError(
+            f"{len(earlier)} of {len(used)} case files in {cases_dir} were made with an earlier "
+            f"plan ({', '.join(earlier[:5])}{', ...' if len(earlier) > 5 else ''}): the "
+            "planning changed with the cases that changed (its spacing, patch or the CT "
+            "intensity statistics), which the dry run cannot know before the planning has run. "
+            "Run snakemake again: it rebuilds them with the new plan, then trains"
+        )
     for name in ("plan", "fingerprint", "splits", "skipped"):
         with atomic_path(cases_dir / f"{name}.json") as tmp:
             tmp.write_text((plan_dir / f"{name}.json").read_text())

@@ -6,8 +6,9 @@ from snakemake.utils import min_version, validate
 
 from voxjet.failures import failure_summary
 from voxjet.schema import schema_file
+from voxjet.workflow.graph import build_or_exit
 
-min_version("9.0")
+min_version("9.27")
 
 
 # The demo's config, unless you give yours: `--configfile my.yaml` stands alone (merged into the
@@ -21,17 +22,12 @@ if not workflow.overwrite_configfiles:
 report: "workflow/report/workflow.rst"
 
 
+# the config checked (every problem named by key), validated against the schema voxjet ships
+# (config/schema.yaml links to it; its defaults filled in), and turned into the run graph
+G = build_or_exit(config, lambda c: validate(c, str(schema_file())))
+
+
 include: "workflow/rules/common.smk"
-
-
-# the schema voxjet ships (config/schema.yaml links to it): the workflow and the package agree
-JETS = check_config_or_fail(config)
-validate(config, str(schema_file()))
-check_first_source_files(JETS)
-RUNS = expand_runs_or_fail(config)
-PREDICTIONS = prediction_runs_or_fail(config, RUNS)
-
-
 include: "workflow/rules/synth.smk"
 include: "workflow/rules/stage.smk"
 include: "workflow/rules/shard.smk"
@@ -52,6 +48,7 @@ onerror:
 rule all:
     input:
         rules.aggregate.output,
-        predict_targets(),
-        best_targets(),
+        G.prediction_targets(),
+        G.best_targets(),
+        G.verify_targets(),
     default_target: True

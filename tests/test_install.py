@@ -3,6 +3,7 @@ refused by pip from the metadata, and the conda env that `--sdm conda` deploys."
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO, run_snakemake, snakemake_env
 from packaging.requirements import Requirement
@@ -163,3 +165,41 @@ def test_an_installed_wheel_works_from_any_folder(tmp_path):
     r = voxjet("aggregate", "--from-config", "mine.yaml", "--out", "summary")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "runs without metrics" in r.stderr and (empty / "summary" / "summary.md").is_file()
+
+
+def _snakemake_bound() -> Requirement:
+    (req,) = [r for r in BASE if r.name == "snakemake"]
+    return req
+
+
+def test_the_tests_run_the_snakemake_release_readme_and_pyproject_state():
+    """The installed Snakemake is the bound's lower end (the newest release tested), which
+    README names: a newer release on PyPI fails this until it is tested and the bound moved."""
+    from importlib.metadata import version
+
+    req = _snakemake_bound()
+    lower = next(s.version for s in req.specifier if s.operator == ">=")
+    assert version("snakemake") == lower, (version("snakemake"), str(req))
+    assert f"Snakemake {lower}" in (REPO / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_fresh_user_install_resolves_the_snakemake_the_tests_run(tmp_path):
+    """pip's resolution of `make venv`'s install from scratch (the same torch pinned) takes the
+    Snakemake installed here: users run what CI passed."""
+    from importlib.metadata import version
+
+    import torch
+
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\n")
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                        "--quiet", "--report", str(report), "-c", str(constraints),
+                        f"{REPO}[pythia]"], capture_output=True, text=True)  # fmt: skip
+    if r.returncode != 0 and "Could not find a version" in r.stderr + r.stdout:
+        pytest.skip(f"no package index reachable: {r.stderr[-300:]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]}  # fmt: skip
+    assert resolved["snakemake"] == version("snakemake")

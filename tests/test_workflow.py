@@ -265,8 +265,9 @@ def test_a_model_that_does_not_fit_its_dataset_stops_the_dry_run(
 
 def test_a_sweep_on_auto_gpus_follows_the_planners_allocation(workflow_dir, shards, tmp_path):
     """8 runs, `launch.gpus: auto`, a budget of 8 GPUs on nodes of 4: before the plan the dry
-    run waits for it (a checkpoint); with a plan that chose 8 GPUs a run, every job asks for
-    2 nodes of 4 GPUs; without a budget the config check refuses `auto`."""
+    run lists the planning and the runs waiting for it (their GPUs are read from the plan just
+    before they run); with a plan that chose 8 GPUs a run, every job asks for 2 nodes of 4
+    GPUs; without a budget the config check refuses `auto`."""
     exp = {"dataset": "prepared", "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
            "train": {"steps": 6, "batch_size": 32},
            "sweep": {"train.lr": [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2]},
@@ -277,7 +278,7 @@ def test_a_sweep_on_auto_gpus_follows_the_planners_allocation(workflow_dir, shar
     args = ("-n", "-p", "--configfile", str(path), "--replace-workflow-config")
     before = run_snakemake(workflow_dir, *args)
     assert before.returncode == 0, before.stderr[-3000:]
-    assert "checkpoint plan_runs" in before.stdout and job_counts(before.stdout)["plan_runs"] == 1
+    assert "rule plan_runs" in before.stdout and job_counts(before.stdout)["plan_runs"] == 1
     plan = workflow_dir / "results" / "plan" / "runs.json"
     plan.parent.mkdir(parents=True)
     options = [{"processes": n, "slots": 8 // n, "makespan_s": 3600.0 / n, "device_hours": 8.0}

@@ -74,6 +74,12 @@ def _stage(a: argparse.Namespace) -> None:
     print(f"staged {len(m['files'])} files into {a.dest}", file=sys.stderr)
 
 
+def _verify_sources(a: argparse.Namespace) -> None:
+    from voxjet.stage.verify import verify_sources
+
+    verify_sources(a.source, a.dest, a.pattern, a.out)
+
+
 def _shard_jets(a: argparse.Namespace) -> None:
     from voxjet.jets.data_config import JetDataConfig
     from voxjet.jets.shard import shard_jets, shard_part
@@ -118,14 +124,15 @@ def _plan_volumes(a: argparse.Namespace) -> None:
 def _preprocess_case(a: argparse.Namespace) -> None:
     from voxjet.volumes.preprocess import preprocess_one
 
-    print(json.dumps(preprocess_one(a.manifest, a.plan, a.case, a.out, a.configuration)),
-          file=sys.stderr)  # fmt: skip
+    summary = preprocess_one(a.manifest, a.plan, a.case, a.out, a.configuration, a.made_from)
+    print(json.dumps(summary), file=sys.stderr)
 
 
 def _gather_cases(a: argparse.Namespace) -> None:
     from voxjet.volumes.preprocess import gather_cases
 
-    print(f"{len(gather_cases(a.plan, a.cases))} cases ready in {a.cases}", file=sys.stderr)
+    cases = gather_cases(a.plan, a.cases, a.configuration)
+    print(f"{len(cases)} cases ready in {a.cases}", file=sys.stderr)
 
 
 READ_HELP = "JSON (or @file): the dataset's read: section, for data at an fsspec URL"
@@ -300,6 +307,13 @@ def _args_stage(s: argparse.ArgumentParser) -> None:
     s.add_argument("--retries", type=int, default=3, help="tries a file before giving up")
 
 
+def _args_verify_sources(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--source", required=True, help="the local source folder or glob staged")
+    s.add_argument("--dest", required=True, help="the staging folder (its ledger is updated)")
+    s.add_argument("--pattern", nargs="+", default=["*"], help="file name globs staged")
+    s.add_argument("--out", required=True, help="the summary (JSON) to write")
+
+
 def _args_prepare(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--manifest", required=True, help="the stage's manifest.json")
     s.add_argument("--out", required=True, help=f"folder to write the {what} into")
@@ -337,11 +351,16 @@ def _args_preprocess_case(s: argparse.ArgumentParser) -> None:
                    help="the plan's configuration whose spacing the case is resampled to "
                         "(3d_lowres: the low-resolution stage's)")  # fmt: skip
     s.add_argument("--out", required=True, help="the case file (.h5) to write")
+    s.add_argument("--made-from", default="",
+                   help="what the workflow knows the case's sources as (recorded in the file: "
+                        "the dry run takes a case as current by it)")  # fmt: skip
 
 
 def _args_gather_cases(s: argparse.ArgumentParser) -> None:
     s.add_argument("--plan", required=True, help="the plan-volumes folder")
     s.add_argument("--cases", required=True, help="the folder of the preprocessed case files")
+    s.add_argument("--configuration", default="3d_fullres",
+                   help="the plan's configuration the case files were made for")  # fmt: skip
 
 
 def _args_previous(s: argparse.ArgumentParser) -> None:
@@ -525,6 +544,13 @@ COMMANDS = (
         _relabel,
     ),  # fmt: skip
     Command("stage", "copy a dataset to fast storage, verified by checksum", _args_stage, _stage),
+    Command(
+        "verify-sources",
+        "check staged copies against sources with new times (touched, copied, moved)",
+        _args_verify_sources,
+        _verify_sources,
+        internal=True,
+    ),  # fmt: skip
     Command(
         "shard-jets",
         "ROOT files to shuffled HDF5 shards (and their index)",

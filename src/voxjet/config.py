@@ -245,6 +245,14 @@ def with_defaults(
     return _filled(config, schema_path)
 
 
+def fill_defaults(config: MutableMapping[str, Any]) -> None:
+    """Fill the schema's defaults into a valid `config` in place (what Snakemake's validate()
+    does in the workflow)."""
+    filled = _filled(config)
+    config.clear()
+    config.update(filled)
+
+
 def _filled(config: Mapping[str, Any], schema_path: str | Path | None = None) -> dict[str, Any]:
     """A copy of a valid `config` with the schema's defaults filled in."""
     import jsonschema

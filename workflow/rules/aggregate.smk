@@ -5,9 +5,9 @@
 
 rule list_runs:
     output:
-        "results/summary/runs.json",
+        paths.RUN_LIST,
     params:
-        runs=aggregate_runs(),
+        runs=G.aggregate_runs(),
     log:
         "logs/list_runs/list_runs.log",
     benchmark:
@@ -28,27 +28,25 @@ rule aggregate:
     input:
         runs=rules.list_runs.output[0],
         plan=rules.plan_runs.output.json,
-        evals=eval_targets(),
-        train_logs=train_logs(),
-        best=best_targets(),
+        evals=G.evaluations(),
+        train_logs=G.train_logs(),
+        best=G.best_targets(),
         ledger=ledgers(
-            rules.list_runs.output[0],
-            rules.plan_runs.output.json,
-            lambda wildcards: eval_targets() + train_logs() + best_targets(),
+            paths.RUN_LIST, paths.RUN_PLAN, G.evaluations(), G.train_logs(), G.best_targets()
         ),
     output:
         csv=report(
-            "results/summary/metrics.csv",
+            f"{paths.SUMMARY}/metrics.csv",
             caption="../report/metrics.rst",
             category="Summary",
         ),
         md=report(
-            "results/summary/summary.md",
+            f"{paths.SUMMARY}/summary.md",
             caption="../report/summary.rst",
             category="Summary",
         ),
         figures=report(
-            directory("results/summary/figures"),
+            directory(f"{paths.SUMMARY}/figures"),
             patterns=["{domain}-{dataset}-{figure}.png"],
             caption="../report/figures.rst",
             category="{domain}",

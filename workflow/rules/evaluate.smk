@@ -3,43 +3,43 @@
 
 rule evaluate_jets:
     input:
-        data=data_input(rules.index_jets.output[0]),
-        model=rules.train_jets.output.model,
-        plan=plan_for_auto,
+        data=of_dataset(G.data_input, paths.SHARD_INDEX),
+        model=paths.MODEL,
+        plan=of_run(G.plan_for_auto),
         ledger=ledgers(
-            data_input(rules.index_jets.output[0]), rules.train_jets.output.model, plan_for_auto
+            of_dataset(G.data_input, paths.SHARD_INDEX), paths.MODEL, of_run(G.plan_for_auto)
         ),
     output:
-        metrics="results/{dataset}/runs/{run}/eval/metrics.json",
-        predictions="results/{dataset}/runs/{run}/eval/predictions.h5",
+        metrics=paths.EVAL_METRICS,
+        predictions=f"{paths.EVAL}/predictions.h5",
         roc=report(
-            "results/{dataset}/runs/{run}/eval/roc.png",
+            f"{paths.EVAL}/roc.png",
             caption="../report/roc_run.rst",
             category="jets",
             subcategory="{dataset}",
             labels={"run": "{run}", "figure": "ROC"},
         ),
         confusion=report(
-            "results/{dataset}/runs/{run}/eval/confusion.png",
+            f"{paths.EVAL}/confusion.png",
             caption="../report/confusion.rst",
             category="jets",
             subcategory="{dataset}",
             labels={"run": "{run}", "figure": "confusion matrix"},
         ),
     params:
-        data=data_location,
-        read=read_options,
-        launch=launch_args,
-        out=run_dir("eval"),
+        data=of_run(G.run_location),
+        read=of_dataset(G.read_options),
+        launch=lambda wildcards: G.launch(wildcards.run).args(),
+        out=of_run(G.run_dir, "eval"),
     log:
         "logs/evaluate_jets/{dataset}/{run}.log",
     benchmark:
         "results/benchmarks/evaluate_jets/{dataset}/{run}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("jets")),
-        run=one_of([r.run_id for r in runs_of("jets")]),
+        dataset=one_of(G.datasets_of("jets")),
+        run=one_of(G.runs_of("jets")),
     # the experiment's processes and GPUs score the test split side by side
-    threads: lambda wildcards: run_launch(wildcards).threads
+    threads: lambda wildcards: G.launch(wildcards.run).threads
     resources:
         **RUN_RESOURCES,
     conda:
@@ -53,40 +53,40 @@ rule evaluate_jets:
 rule evaluate_seg:
     input:
         data=seg_data_input,
-        model=rules.train_seg.output.model,
-        plan=plan_for_auto,
-        previous=previous_inputs(test=True),
+        model=paths.MODEL,
+        plan=of_run(G.plan_for_auto),
+        previous=of_run(G.previous_inputs, True),
         ledger=ledgers(
             seg_data_input,
-            rules.train_seg.output.model,
-            plan_for_auto,
-            previous_inputs(test=True),
+            paths.MODEL,
+            of_run(G.plan_for_auto),
+            of_run(G.previous_inputs, True),
         ),
     output:
-        metrics="results/{dataset}/runs/{run}/eval/metrics.json",
+        metrics=paths.EVAL_METRICS,
         overlays=report(
-            "results/{dataset}/runs/{run}/eval/overlays.png",
+            f"{paths.EVAL}/overlays.png",
             caption="../report/overlays.rst",
             category="volumes",
             subcategory="{dataset}",
             labels={"run": "{run}", "figure": "overlays"},
         ),
     params:
-        data=data_location,
-        read=read_options,
-        launch=launch_args,
-        out=run_dir("eval"),
-        overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
-        mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
-        previous=previous_args(test=True),
+        data=of_run(G.run_location),
+        read=of_dataset(G.read_options),
+        launch=lambda wildcards: G.launch(wildcards.run).args(),
+        out=of_run(G.run_dir, "eval"),
+        overlap=run_evaluate("overlap"),
+        mirror=mirror_option,
+        previous=of_run(G.previous_args, True),
     log:
         "logs/evaluate_seg/{dataset}/{run}.log",
     benchmark:
         "results/benchmarks/evaluate_seg/{dataset}/{run}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("volumes")),
-        run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: lambda wildcards: run_launch(wildcards).threads
+        dataset=one_of(G.datasets_of("volumes")),
+        run=one_of(G.runs_of("volumes")),
+    threads: lambda wildcards: G.launch(wildcards.run).threads
     resources:
         **RUN_RESOURCES,
     conda:
@@ -102,34 +102,34 @@ rule evaluate_seg:
 rule validate_seg:
     input:
         data=seg_data_input,
-        model=rules.train_seg.output.model,
-        plan=plan_for_auto,
-        previous=previous_inputs(test=False),
+        model=paths.MODEL,
+        plan=of_run(G.plan_for_auto),
+        previous=of_run(G.previous_inputs, False),
         ledger=ledgers(
             seg_data_input,
-            rules.train_seg.output.model,
-            plan_for_auto,
-            previous_inputs(test=False),
+            paths.MODEL,
+            of_run(G.plan_for_auto),
+            of_run(G.previous_inputs, False),
         ),
     output:
-        metrics="results/{dataset}/runs/{run}/validation/metrics.json",
-        probabilities=directory("results/{dataset}/runs/{run}/validation/probabilities"),
+        metrics=paths.VALIDATION_METRICS,
+        probabilities=directory(f"{paths.VALIDATION}/probabilities"),
     params:
-        data=data_location,
-        read=read_options,
-        launch=launch_args,
-        out=run_dir("validation"),
-        overlap=lambda wildcards: run_evaluate(wildcards)["overlap"],
-        mirror=lambda wildcards: "--mirror" if run_evaluate(wildcards)["mirror"] else "",
-        previous=previous_args(test=False),
+        data=of_run(G.run_location),
+        read=of_dataset(G.read_options),
+        launch=lambda wildcards: G.launch(wildcards.run).args(),
+        out=of_run(G.run_dir, "validation"),
+        overlap=run_evaluate("overlap"),
+        mirror=mirror_option,
+        previous=of_run(G.previous_args, False),
     log:
         "logs/validate_seg/{dataset}/{run}.log",
     benchmark:
         "results/benchmarks/validate_seg/{dataset}/{run}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("volumes")),
-        run=one_of([r.run_id for r in fold_runs()]),
-    threads: lambda wildcards: run_launch(wildcards).threads
+        dataset=one_of(G.datasets_of("volumes")),
+        run=one_of(G.fold_ids()),
+    threads: lambda wildcards: G.launch(wildcards.run).threads
     resources:
         **RUN_RESOURCES,
     conda:
@@ -145,28 +145,28 @@ rule validate_seg:
 # validation predictions, and the post-processing that raises their Dice.
 rule find_best:
     input:
-        validations=best_inputs,
+        validations=of_dataset(G.best_inputs),
         data=seg_data_input,
-        ledger=ledgers(seg_data_input, best_inputs),
+        ledger=ledgers(seg_data_input, of_dataset(G.best_inputs)),
     output:
-        choice="results/{dataset}/best/choice.json",
+        choice=paths.BEST_CHOICE,
         summary=report(
-            "results/{dataset}/best/summary.md",
+            f"{paths.BEST}/summary.md",
             caption="../report/best.rst",
             category="volumes",
             subcategory="{dataset}",
             labels={"figure": "best configuration"},
         ),
     params:
-        data=data_location,
-        configs=best_configs,
-        out=lambda wildcards: f"results/{wildcards.dataset}/best",
+        data=of_dataset(G.best_location),
+        configs=of_dataset(G.best_configs),
+        out=of_dataset(G.best_folder),
     log:
         "logs/find_best/{dataset}.log",
     benchmark:
         "results/benchmarks/find_best/{dataset}.tsv"
     wildcard_constraints:
-        dataset=one_of(sorted({r.dataset for r in fold_runs()})),
+        dataset=one_of(G.best_datasets()),
     threads: 1
     resources:
         mem_mb=4000,

@@ -4,24 +4,27 @@
 
 rule predict:
     input:
-        models=predict_models,
-        choice=predict_choice,
-        previous=predict_previous,
-        ledger=ledgers(predict_models, predict_previous),
+        models=lambda wildcards: G.prediction_models(wildcards.name),
+        choice=lambda wildcards: G.prediction_choice(wildcards.name),
+        previous=lambda wildcards: G.prediction_previous(wildcards.name),
+        ledger=ledgers(
+            lambda wildcards: G.prediction_models(wildcards.name),
+            lambda wildcards: G.prediction_previous(wildcards.name),
+        ),
     output:
-        directory("results/predict/{name}/part_{chunk}"),
+        directory(paths.PREDICTION),
     params:
-        inputs=predict_inputs,
-        options=predict_options,
-        launch=lambda wildcards: predict_launch(wildcards).args(),
+        inputs=lambda wildcards: G.prediction_inputs(wildcards.name, wildcards.chunk),
+        options=lambda wildcards: G.prediction_options(wildcards.name),
+        launch=lambda wildcards: G.prediction_launch(wildcards.name).args(),
     log:
         "logs/predict/{name}/{chunk}.log",
     benchmark:
         "results/benchmarks/predict/{name}/{chunk}.tsv"
     wildcard_constraints:
-        name=one_of(list(PREDICTIONS)),
+        name=one_of(G.predictions),
         chunk=r"\d{4}",
-    threads: lambda wildcards: predict_launch(wildcards).threads
+    threads: lambda wildcards: G.prediction_launch(wildcards.name).threads
     resources:
         **PREDICT_RESOURCES,
     conda:

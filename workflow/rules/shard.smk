@@ -4,19 +4,19 @@
 
 rule shard_jets:
     input:
-        manifest=staged_manifest,
-        ledger=ledgers(rules.stage.output[0]),
+        manifest=paths.MANIFEST,
+        ledger=ledgers(paths.MANIFEST),
     output:
-        directory("results/{dataset}/shards/part_{part}"),
+        directory(paths.SHARD_PART),
     params:
-        staged=manifest_digest,
-        config=data_config("jets"),
+        sources=of_dataset(G.source_digest),
+        config=data_section("jets"),
     log:
         "logs/shard_jets/{dataset}/{part}.log",
     benchmark:
         "results/benchmarks/shard_jets/{dataset}/{part}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("jets")),
+        dataset=one_of(G.datasets_of("jets")),
         part=r"\d{4}",
     threads: 1
     resources:
@@ -32,18 +32,18 @@ rule shard_jets:
 
 rule index_jets:
     input:
-        parts=shard_parts,
-        ledger=ledgers(shard_parts),
+        parts=of_dataset(G.shard_parts),
+        ledger=ledgers(of_dataset(G.shard_parts)),
     output:
-        "results/{dataset}/shards/index.json",
+        paths.SHARD_INDEX,
     params:
-        config=data_config("jets"),
+        config=data_section("jets"),
     log:
         "logs/index_jets/{dataset}.log",
     benchmark:
         "results/benchmarks/index_jets/{dataset}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("jets")),
+        dataset=one_of(G.datasets_of("jets")),
     threads: 1
     resources:
         mem_mb=1000,

@@ -4,15 +4,15 @@
 
 rule synth_jets:
     output:
-        directory("resources/synthetic/{dataset}"),
+        directory(paths.SYNTHETIC),
     params:
-        args=synth_args,
+        args=of_dataset(G.synth_args),
     log:
         "logs/synth_jets/{dataset}.log",
     benchmark:
         "results/benchmarks/synth_jets/{dataset}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("jets")),
+        dataset=one_of(G.datasets_of("jets")),
     threads: 2
     resources:
         mem_mb=2000,
@@ -26,15 +26,15 @@ rule synth_jets:
 
 rule synth_volumes:
     output:
-        directory("resources/synthetic/{dataset}"),
+        directory(paths.SYNTHETIC),
     params:
-        args=synth_args,
+        args=of_dataset(G.synth_args),
     log:
         "logs/synth_volumes/{dataset}.log",
     benchmark:
         "results/benchmarks/synth_volumes/{dataset}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("volumes")),
+        dataset=one_of(G.datasets_of("volumes")),
     threads: 1
     resources:
         mem_mb=2000,

@@ -4,26 +4,26 @@
 
 rule train_jets:
     input:
-        data=data_input(rules.index_jets.output[0]),
-        plan=plan_for_auto,
-        ledger=ledgers(data_input(rules.index_jets.output[0]), plan_for_auto),
+        data=of_dataset(G.data_input, paths.SHARD_INDEX),
+        plan=of_run(G.plan_for_auto),
+        ledger=ledgers(of_dataset(G.data_input, paths.SHARD_INDEX), of_run(G.plan_for_auto)),
     output:
-        model="results/{dataset}/runs/{run}/model.pt",
-        metrics="results/{dataset}/runs/{run}/metrics.jsonl",
+        model=paths.MODEL,
+        metrics=paths.TRAIN_LOG,
     params:
-        data=data_location,
-        read=read_options,
-        run_config=run_config,
-        launch=launch_args,
-        run_dir=run_dir(),
+        data=of_run(G.run_location),
+        read=of_dataset(G.read_options),
+        run_config=of_run(G.run_config),
+        launch=lambda wildcards: G.launch(wildcards.run).args(),
+        run_dir=of_run(G.run_dir),
     log:
         "logs/train_jets/{dataset}/{run}.log",
     benchmark:
         "results/benchmarks/train_jets/{dataset}/{run}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("jets")),
-        run=one_of([r.run_id for r in runs_of("jets")]),
-    threads: lambda wildcards: run_launch(wildcards).threads
+        dataset=one_of(G.datasets_of("jets")),
+        run=one_of(G.runs_of("jets")),
+    threads: lambda wildcards: G.launch(wildcards.run).threads
     resources:
         **RUN_RESOURCES,
     conda:
@@ -37,28 +37,28 @@ rule train_jets:
 rule train_seg:
     input:
         data=seg_data_input,
-        plan=plan_for_auto,
+        plan=of_run(G.plan_for_auto),
         # a cascade waits for every fold of its 3d_lowres experiment
-        previous=previous_inputs(test=False),
-        ledger=ledgers(seg_data_input, plan_for_auto, previous_inputs(test=False)),
+        previous=of_run(G.previous_inputs, False),
+        ledger=ledgers(seg_data_input, of_run(G.plan_for_auto), of_run(G.previous_inputs, False)),
     output:
-        model="results/{dataset}/runs/{run}/model.pt",
-        metrics="results/{dataset}/runs/{run}/metrics.jsonl",
+        model=paths.MODEL,
+        metrics=paths.TRAIN_LOG,
     params:
-        data=data_location,
-        read=read_options,
-        run_config=run_config,
-        launch=launch_args,
-        run_dir=run_dir(),
-        previous=previous_args(test=False),
+        data=of_run(G.run_location),
+        read=of_dataset(G.read_options),
+        run_config=of_run(G.run_config),
+        launch=lambda wildcards: G.launch(wildcards.run).args(),
+        run_dir=of_run(G.run_dir),
+        previous=of_run(G.previous_args, False),
     log:
         "logs/train_seg/{dataset}/{run}.log",
     benchmark:
         "results/benchmarks/train_seg/{dataset}/{run}.tsv"
     wildcard_constraints:
-        dataset=one_of(datasets_of("volumes")),
-        run=one_of([r.run_id for r in runs_of("volumes")]),
-    threads: lambda wildcards: run_launch(wildcards).threads
+        dataset=one_of(G.datasets_of("volumes")),
+        run=one_of(G.runs_of("volumes")),
+    threads: lambda wildcards: G.launch(wildcards.run).threads
     resources:
         **RUN_RESOURCES,
     conda:

@@ -46,3 +46,13 @@ def conda_env_file(
         with atomic_path(path) as tmp:
             tmp.write_text(text)
     return path
+
+
+def rule_env(template: str | os.PathLike, workflow_dir: str | os.PathLike, deployed: bool,
+             named: str = "../../envs/voxjet.yaml") -> str:  # fmt: skip
+    """The rules' `conda:` env: the file as the rules name it (`named`, relative to them), or,
+    when Snakemake deploys envs (`--sdm conda`), a rendered copy that installs voxjet from the
+    workflow's own folder."""
+    if not deployed:
+        return named
+    return str(conda_env_file(template, workflow_dir, ".snakemake/voxjet-envs").resolve())

@@ -2,7 +2,7 @@
 CT cases, everything on one thread (patches/s a core):
 
 1. `train.augment_on: device` run on the CPU — the loader cuts the patches (larger where
-   turned or scaled) and voxjet.volumes.augment applies nnU-Net's recipe to the whole batch
+   turned or scaled) and voxjet.volumes.training.augment applies nnU-Net's recipe to the whole batch
    with tensor ops — ÷ `augment_on: loader`, MONAI's transforms patch by patch in the loader.
    Target >= 2.
 2. the same ÷ nnU-Net 2.8.1's training pipeline (nnUNetDataLoader with its training
@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 
 
 def _sampler(cases: Path, ids: list[str], patch: list[int], batch: int, on: str):
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     spacing = json.loads((cases / "plan.json").read_text()).get("target_spacing")
     store = CaseStore(cases, ids)
@@ -51,7 +51,7 @@ def loader_rate(cases: Path, ids: list[str], patch: list[int], batch: int, n: in
 def device_rate(cases: Path, ids: list[str], patch: list[int], batch: int,
                 n: int) -> tuple[float, float]:  # fmt: skip
     """(patches/s cutting and augmenting on the CPU as the device would, the cutting's share)."""
-    from voxjet.volumes.augment import augment_batch, params_of
+    from voxjet.volumes.training.augment import augment_batch, params_of
 
     sampler = _sampler(cases, ids, patch, batch, "device")
     cut = aug = 0.0
@@ -70,7 +70,7 @@ def transform_costs(patch: list[int], channels: int = 1, reps: int = 3) -> dict[
     the device path's time goes."""
     import torch
 
-    from voxjet.volumes import augment as A
+    from voxjet.volumes.training import augment as A
 
     p = np.array(patch)
     big = A.cut_size(np.full(3, 0.3), 1.1, p)
@@ -116,7 +116,7 @@ def main() -> None:
     import torch
     from volumes_io import bench_preprocess, case_arguments
 
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     a = case_arguments(__doc__)
     torch.set_num_threads(1)  # per core: nnU-Net's loaders run under threadpool_limits(1)

@@ -15,9 +15,9 @@ patch 64³, step 0.5, Gaussian weighting: what is measured is how the case is ha
 the network, not the network.
 
 Variants (prediction at the case's own spacing, so no resampling enters):
-- `voxjet`: the current path (voxjet.volumes.inference.segment_image: MONAI's windows streamed
-  slab by slab, each slab's labels from its logits; back onto the case's grid by
-  voxjet.volumes.geometry.labels_to_original; with `--probabilities` the probabilities
+- `voxjet`: the current path (voxjet.volumes.inference.segment.segment_image: MONAI's windows
+  streamed slab by slab, each slab's labels from its logits; back onto the case's grid by
+  voxjet.volumes.dataset.geometry.labels_to_original; with `--probabilities` the probabilities
   streamed to their 4-D NIfTI as `voxjet predict --probabilities` writes them);
 - `nnunet`: nnU-Net 2.8.1's `nnUNetPredictor` (manual_initialization with the same network and
   weights, CPU), `predict_logits_from_preprocessed_data` and
@@ -28,15 +28,15 @@ Variants (prediction at the case's own spacing, so no resampling enters):
   `--mirror` or `--probabilities`, and where its buffers would not fit the machine);
 - `network`: one forward pass of a batch of two windows alone, the activations every sliding
   window holds besides its buffers;
-- `score`: voxjet.volumes.metrics.seg_metrics of the prediction against the labels (Dice and
-  HD95 of every class; `--no-score` leaves it out);
+- `score`: voxjet.volumes.evaluation.metrics.seg_metrics of the prediction against the labels (Dice
+  and HD95 of every class; `--no-score` leaves it out);
 - with `--preprocess`, `preprocess_voxjet` (voxjet's preprocess_case job: read, crop, resample,
   normalise, write) and `preprocess_nnunet` (nnU-Net's DefaultPreprocessor.run_case_save) of
   the case from NIfTI at 0.8 × 0.8 × 1.5 mm to a 1.0 × 1.0 × 1.5 mm plan.
 Both prediction sides are given the same preprocessed case. Each row prints the peak against
 two references: the estimate `voxjet predict` checks before it starts
-(voxjet.volumes.case_memory.prediction_need) and a lower bound: the image as float32, one label
-map, one window's depth of the classes' logits and weights (the least a Gaussian-blended
+(voxjet.volumes.inference.case_memory.prediction_need) and a lower bound: the image as float32, one
+label map, one window's depth of the classes' logits and weights (the least a Gaussian-blended
 sliding window holds), the network's pass (`network`) and, with probabilities, one class's
 probabilities on the case's grid (written a class at a time).
 
@@ -232,9 +232,9 @@ def plan_voxjet(work: Path) -> None:
     """voxjet's plan of the dataset at TARGET (fingerprint included), pickled for the child."""
     import pickle
 
-    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.dataset.msd import load_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
     from voxjet.volumes.plan.planning import plan_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
 
     cfg = VolumePrepConfig(target_spacing=list(TARGET), patch_size=PATCH, storage="mapped")
     planned = plan_dataset(load_dataset(work / "msd"), cfg)
@@ -245,8 +245,8 @@ def preprocess_voxjet(work: Path) -> None:
     """voxjet's preprocess_case job for one case: read, crop, resample, normalise, write."""
     import pickle
 
-    from voxjet.volumes.msd import load_dataset
-    from voxjet.volumes.preprocess import preprocess_case
+    from voxjet.volumes.dataset.msd import load_dataset
+    from voxjet.volumes.preprocessing.preprocess import preprocess_case
 
     plan, fp, cfg = pickle.loads((work / "plan.pkl").read_bytes())
     ds = load_dataset(work / "msd")
@@ -325,18 +325,22 @@ def child(variant: str, work: Path, classes: int, mirror: bool, probabilities: b
     import torch
     from monai.inferers import sliding_window_inference
 
-    from voxjet.volumes.geometry import labels_to_original
-    from voxjet.volumes.inference import Windows, mirror_axes, segment_image
-    from voxjet.volumes.metrics import seg_metrics
-    from voxjet.volumes.models import build_unet
+    from voxjet.volumes.dataset.geometry import labels_to_original
+    from voxjet.volumes.evaluation.metrics import seg_metrics
+    from voxjet.volumes.inference.probability_file import (
+        plan_space_buffer,
+        stream_to_nifti,
+        write_slab,
+    )
+    from voxjet.volumes.inference.segment import Windows, mirror_axes, segment_image
+    from voxjet.volumes.networks.models import build_unet
     from voxjet.volumes.plan.plan_file import LabelSet
-    from voxjet.volumes.probability_file import plan_space_buffer, stream_to_nifti, write_slab
 
     if "nnunet" in variant:  # its imports before the baseline, as voxjet's are
         import nnunetv2.inference.predict_from_raw_data  # noqa: F401
         import nnunetv2.preprocessing.preprocessors.default_preprocessor  # noqa: F401
     else:
-        import voxjet.volumes.preprocess  # noqa: F401
+        import voxjet.volumes.preprocessing.preprocess  # noqa: F401
     torch.manual_seed(0)
     labels = {i: f"organ{i}" if i else "background" for i in range(classes + 1)}
     label_set = LabelSet(labels, classes + 1)
@@ -423,7 +427,7 @@ def main() -> None:
         return
     import tempfile
 
-    from voxjet.volumes.case_memory import OVERHEAD, Header, prediction_need
+    from voxjet.volumes.inference.case_memory import OVERHEAD, Header, prediction_need
 
     nnunet = importlib.util.find_spec("nnunetv2") is not None
     if not nnunet:

@@ -236,9 +236,9 @@ def energy_row(r: Report, model: torch.nn.Module, batch: tuple, a: argparse.Name
 
 def seg_cases(root: Path, tiny: bool) -> tuple[Path, list[int]]:
     """Preprocessed toy CT cases and the patch (nnU-Net's 128×128×64; tiny: 32×32×16)."""
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     shape, patch = ((40, 40, 20), [32, 32, 16]) if tiny else ((192, 192, 96), [128, 128, 64])
     cfg = ToyVolumesConfig(train_cases=4 if tiny else 8, test_cases=0, min_shape=shape,
@@ -259,7 +259,7 @@ def seg_run(cases: Path, out: Path, a: argparse.Namespace, on: str, workers: int
     from voxjet.distributed.runtime import init_runtime
     from voxjet.training.logger import read_metrics
     from voxjet.training.loop import train
-    from voxjet.volumes.train import make_task
+    from voxjet.volumes.training.train import make_task
 
     channels = [8, 16] if a.tiny else [32, 64, 128, 256, 320]
     steps = a.seg_steps

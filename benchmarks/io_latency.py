@@ -58,8 +58,8 @@ def case_rate(
 ) -> tuple[float, int]:
     """(patches/s of `n` batches from a fresh case store at latency://, peak bytes in flight):
     the first batches wait for their case files, later ones find them fetched ahead."""
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     fetch = FetchConfig(threads=threads, block_bytes=block, max_bytes_in_flight=bound)
     sizes = {c: (cases / f"{c}.h5").stat().st_size for c in ids}  # what cases.json records
@@ -97,8 +97,8 @@ def local_jets(shards: Path) -> tuple[float, int]:
 
 def local_cases(cases: Path, ids: list[str], n: int) -> float:
     """patches/s of `n` batches from case files in a local folder."""
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     store = CaseStore(cases, ids)
     sampler = PatchSampler(store, PATCH, 2, 1 / 3, seed=0)
@@ -210,8 +210,8 @@ def make_cases(d: Path, n: int) -> list[str]:
     """Preprocessed case files of `n` synthetic CT volumes in d/cases; their ids."""
     from volumes_io import bench_preprocess
 
-    from voxjet.volumes.synth import ToyVolumesConfig
-    from voxjet.volumes.synth import generate_dataset as make_volumes
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig
+    from voxjet.volumes.dataset.synth import generate_dataset as make_volumes
 
     cfg = ToyVolumesConfig(train_cases=n, test_cases=0, min_shape=SHAPE, max_shape=SHAPE)
     msd = make_volumes(d / "msd", cfg, progress=False)

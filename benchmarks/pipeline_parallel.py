@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from monai.losses import DiceCELoss
 
-from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import split_network
+from voxjet.volumes.networks.models import build_unet
+from voxjet.volumes.networks.unet_stages import split_network
 
 CHANNELS = [16, 32, 64, 128]
 MEM_PATCH, MEM_BATCH = [96, 96, 96], 2

@@ -50,10 +50,10 @@ def _jets(d: Path) -> str:
 
 
 def _cases(d: Path) -> str:
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig
-    from voxjet.volumes.synth import generate_dataset as toy_ct
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig
+    from voxjet.volumes.dataset.synth import generate_dataset as toy_ct
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     toy_ct(d / "ct", ToyVolumesConfig(train_cases=6, test_cases=1), progress=False)
     (d / "cm.json").write_text(json.dumps({"root": str(d / "ct"), "files": []}))
@@ -102,7 +102,7 @@ def main() -> None:
             if domain == "jets":
                 from voxjet.jets.train import make_task
             else:
-                from voxjet.volumes.train import make_task
+                from voxjet.volumes.training.train import make_task
             task, s = make_task(data[domain], cfg)
             prof = profile_task(task, s, rt)
             for n in (1, 2, 4):

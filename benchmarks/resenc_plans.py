@@ -29,7 +29,7 @@ def toy_ct(root: Path) -> Path:
     """The demo's toy CT set (its synthetic settings from config/config.yaml)."""
     import yaml
 
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     synth = cfg["datasets"]["toy_ct"]["source"]["synthetic"]
@@ -144,10 +144,10 @@ def in_nnunet_axes(plan: dict) -> dict:
 
 def voxjet_own(msd: Path, preset: str) -> dict:
     """voxjet's plan from its own fingerprint of every training case (as nnU-Net's covers)."""
-    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.dataset.msd import load_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
     from voxjet.volumes.plan.fingerprint import inspect_cases
     from voxjet.volumes.plan.resenc import plan_resenc_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
 
     ds = load_dataset(msd)
     stats, _ = inspect_cases(ds, [c.case_id for c in ds.cases], VolumePrepConfig())

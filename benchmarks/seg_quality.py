@@ -2,8 +2,8 @@
 shortened to the same number of iterations, on the CPU) and voxjet trained on the same cases, the
 same train/validation split, the same patch, batch and number of iterations, over several seeds;
 both predict the same held-out test cases without test-time mirroring, and voxjet's metrics
-module (voxjet.volumes.metrics, nnU-Net's conventions) scores both predictions against the labels
-on the original grids.
+module (voxjet.volumes.evaluation.metrics, nnU-Net's conventions) scores both predictions against
+the labels on the original grids.
 
 What each side is given, the same: nnU-Net's raw dataset holds the training and validation cases
 only (its fingerprint and normalisation never see a test case); both keep their final weights
@@ -82,7 +82,7 @@ def toy_ct(root: Path, cases: int) -> tuple[Path, list[int]]:
     """The demo's toy CT generator with `cases` labelled cases, and the demo's patch."""
     import yaml
 
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     ds = cfg["datasets"]["toy_ct"]
@@ -92,10 +92,10 @@ def toy_ct(root: Path, cases: int) -> tuple[Path, list[int]]:
 
 
 def score(pred_dir: Path, msd: Path, case_ids: list[str]) -> dict:
-    """voxjet.volumes.metrics on each test case's prediction (its original grid): a class's
-    Dice over the cases that have it; over the cases that lack it, the share with a false
+    """voxjet.volumes.evaluation.metrics on each test case's prediction (its original grid): a
+    class's Dice over the cases that have it; over the cases that lack it, the share with a false
     detection and its mean voxels."""
-    from voxjet.volumes.metrics import seg_metrics
+    from voxjet.volumes.evaluation.metrics import seg_metrics
     from voxjet.volumes.plan.plan_file import LabelSet
 
     meta = json.loads((msd / "dataset.json").read_text())
@@ -122,8 +122,8 @@ def score(pred_dir: Path, msd: Path, case_ids: list[str]) -> dict:
 
 def prepare(msd: Path, work: Path, patch: list[int]) -> dict:
     """voxjet's preprocessing (and with it the split both sides use); the splits."""
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     manifest = work / "manifest.json"
     manifest.write_text(json.dumps({"root": str(msd), "files": []}))
@@ -138,8 +138,8 @@ def run_voxjet(msd: Path, work: Path, steps: int, batch: int, run_cfg: dict, see
                splits: dict) -> tuple[dict, float]:  # fmt: skip
     """voxjet's training (validated once, at its last step: it keeps its final weights, as
     nnU-Net's checkpoint_final) and test predictions; (scores, seconds)."""
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.training.train import run
 
     cfg = json.loads(json.dumps(run_cfg))
     cfg["train"].update(steps=steps, batch_size=batch, eval_every=steps, checkpoint_every=steps,

@@ -43,11 +43,11 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
-    from voxjet.volumes.train import run
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
+    from voxjet.volumes.training.train import run
 
     torch.set_num_threads(2)
     synth, volumes, run_cfg = demo_settings()

@@ -56,8 +56,8 @@ def bench_loader(
     from monai.data import DataLoader, Dataset
     from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
 
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     store = CaseStore(cases_dir, case_ids, cache_bytes=cache_bytes)
     plan = cases_dir / "plan.json"
@@ -173,8 +173,8 @@ def bench_patch_read(
 ) -> tuple[float, float]:
     """(seconds a random image+label patch through the loader's case store, seconds for the
     same from memory-mapped uncompressed .npy files)."""
-    from voxjet.volumes.patches import read_patch
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import read_patch
 
     rng = np.random.default_rng(0)
     p = np.array(patch)
@@ -232,7 +232,7 @@ def case_arguments(description: str) -> argparse.Namespace:
 def main() -> None:
     import nnunet_peer
 
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     a = case_arguments(__doc__)
     # one thread on both sides: nnU-Net's loader runs under threadpool_limits(1) (and its

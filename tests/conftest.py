@@ -120,8 +120,8 @@ def toy_cases(root: Path, synth, prep) -> Path:
     (`prep`: a VolumePrepConfig) into root/cases, as the workflow's jobs make them."""
     import json
 
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.synth import generate_dataset
+    from voxjet.volumes.dataset.synth import generate_dataset
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     msd = generate_dataset(root / "msd", synth, progress=False)
     (root / "manifest.json").write_text(json.dumps({"root": str(msd), "files": []}))

@@ -15,7 +15,7 @@ import sys
 # thresholds, freed tensors stayed in the heap at random and one machine read a third more.
 CODE = """
 import json, sys, threading, time, torch
-from voxjet.volumes.models import build_seg_model
+from voxjet.volumes.networks.models import build_seg_model
 def anon():
     for l in open('/proc/self/status'):
         if l.startswith('RssAnon:'):

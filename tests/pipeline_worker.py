@@ -11,8 +11,8 @@ from monai.losses import DiceCELoss
 
 from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
 from voxjet.distributed.runtime import init_runtime, shutdown
-from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import split_network
+from voxjet.volumes.networks.models import build_unet
+from voxjet.volumes.networks.unet_stages import split_network
 
 PATCH = [16, 16, 16]
 

@@ -1,4 +1,4 @@
-"""Augmentation on the training device (voxjet.volumes.augment): the draws follow nnU-Net's
+"""Augmentation on the training device (voxjet.volumes.training.augment): the draws follow nnU-Net's
 probabilities and ranges, each transform does what batchgeneratorsv2's does, the two-pass
 resampling matches trilinear inside the cut, the loader's mirrored cuts equal mirroring
 afterwards, and training with it resumes exactly; the device feed (pinned buffers, one batch
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from scipy import ndimage, stats
 
-from voxjet.volumes import augment as A
+from voxjet.volumes.training import augment as A
 
 N = 20000  # draws for the statistical tests: 4σ of a binomial share is ~0.012 at p = 0.5
 
@@ -241,8 +241,8 @@ def test_patches_not_turned_are_mirrored_unless_cut_mirrored():
 def cases(tmp_path_factory):
     from conftest import toy_cases
 
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig
 
     root = tmp_path_factory.mktemp("aug")
     cfg = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(40, 40, 16),
@@ -251,8 +251,8 @@ def cases(tmp_path_factory):
 
 
 def _sampler(cases, batch=6):
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     ids = sorted(p.stem for p in cases.glob("*.h5"))
     return PatchSampler(CaseStore(cases, ids), [24, 24, 12], batch, 1 / 3, seed=5, augment=True,
@@ -260,7 +260,7 @@ def _sampler(cases, batch=6):
 
 
 def test_the_loader_cuts_mirrored_patches_and_larger_cuts_for_turned_ones(cases):
-    from voxjet.volumes.patches import read_patch
+    from voxjet.volumes.training.patches import read_patch
 
     sampler = _sampler(cases)
     seen_spatial = seen_flip = False
@@ -286,7 +286,7 @@ def test_the_loader_cuts_mirrored_patches_and_larger_cuts_for_turned_ones(cases)
 
 def test_loader_workers_hand_over_the_same_device_batches(cases):
     from voxjet.io.handover import ReturningLoader
-    from voxjet.volumes.patches import PatchBatches
+    from voxjet.volumes.training.patches import PatchBatches
 
     sampler = _sampler(cases)
     plain = [sampler.batch(0, 1, i) for i in range(6)]
@@ -303,7 +303,7 @@ def test_loader_workers_hand_over_the_same_device_batches(cases):
 def _seg_run(cases, out, steps, workers, signal_at=None):
     from voxjet.distributed.runtime import init_runtime
     from voxjet.training.loop import train
-    from voxjet.volumes.train import make_task
+    from voxjet.volumes.training.train import make_task
 
     cfg = {"model": {"name": "unet", "channels": [4, 8], "num_res_units": 0},
            "train": {"steps": steps, "batch_size": 4, "lr": 3e-3, "log_every": 4,

@@ -15,11 +15,11 @@ from conftest import job_counts, run_snakemake, toy_cases, write_config
 from scipy import ndimage
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.find_best import find_best
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.synth import ToyVolumesConfig
+from voxjet.volumes.evaluation.find_best import find_best
+from voxjet.volumes.inference.probabilities import PROBABILITIES, save_probabilities
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.probabilities import PROBABILITIES, save_probabilities
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.synth import ToyVolumesConfig
 
 SMALL = ToyVolumesConfig(
     train_cases=5, test_cases=1, min_shape=(40, 40, 16), max_shape=(48, 48, 20)
@@ -182,10 +182,10 @@ def test_fold_runs_validate_their_folds_and_predict_applies_the_choice(cases, tm
     chooses from them, and predict with the choice averages the chosen models and applies the
     chosen post-processing to what they predict."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.postprocessing import apply_postprocessing
-    from voxjet.volumes.splits import fold_splits
-    from voxjet.volumes.train import run
+    from voxjet.volumes.dataset.splits import fold_splits
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.postprocessing.connected_components import apply_postprocessing
+    from voxjet.volumes.training.train import run
 
     splits = json.loads((cases / "splits.json").read_text())
     folders, models = [], []

@@ -14,7 +14,7 @@ from voxjet.jets.train import JetTask
 from voxjet.training.compiled import compile_wanted
 from voxjet.training.loop import train
 from voxjet.training.task import TrainSettings
-from voxjet.volumes.models import build_seg_model
+from voxjet.volumes.networks.models import build_seg_model
 
 pytestmark = pytest.mark.slow  # inductor compiles each model with the C++ compiler
 

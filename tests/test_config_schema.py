@@ -17,8 +17,8 @@ from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.synth import ToyJetsConfig
 from voxjet.planner.plan import Site
 from voxjet.training.task import TrainSettings
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.synth import ToyVolumesConfig
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.synth import ToyVolumesConfig
 
 SCHEMA = load_schema()
 
@@ -75,7 +75,7 @@ FROM_PLAN = {("dynunet", "filters")}
 
 def test_model_defaults_are_the_constructors():
     from voxjet.jets.models import MODELS
-    from voxjet.volumes.models import build_dynunet, build_resenc, build_unet
+    from voxjet.volumes.networks.models import build_dynunet, build_resenc, build_unet
 
     def as_config(v):  # tuples in signatures, lists in YAML
         return [as_config(x) for x in v] if isinstance(v, tuple | list) else v

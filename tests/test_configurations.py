@@ -17,13 +17,13 @@ import torch
 from conftest import toy_cases
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.models import build_seg_model
-from voxjet.volumes.patches import PatchSampler
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.synth import ToyVolumesConfig
+from voxjet.volumes.networks.models import build_seg_model
 from voxjet.volumes.plan.configurations import plan_2d, slice_axis
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.preprocess import preprocess_dataset
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.synth import ToyVolumesConfig
+from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
+from voxjet.volumes.training.patches import PatchSampler
 
 NET2D = {"kernels": [[3, 3]] * 3, "strides": [[1, 1], [2, 2], [2, 2]], "filters": [4, 8, 16]}
 
@@ -143,7 +143,7 @@ class _SlicedStore:
 @pytest.mark.parametrize("axis", [0, 2])
 @pytest.mark.parametrize("on", ["loader", "device"])
 def test_augmented_2d_patches_never_mix_slices(axis, on):
-    from voxjet.volumes.augment import augment_batch, params_of
+    from voxjet.volumes.training.augment import augment_batch, params_of
 
     patch = [16, 16, 16]
     patch[axis] = 1
@@ -163,10 +163,10 @@ def test_augmented_2d_patches_never_mix_slices(axis, on):
 
 
 def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.export import export_torchscript_unet
-    from voxjet.volumes.models import load_trained
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.inference.export import export_torchscript_unet
+    from voxjet.volumes.networks.models import load_trained
+    from voxjet.volumes.training.train import run
 
     small = ToyVolumesConfig(train_cases=4, test_cases=1, min_shape=(36, 36, 12),
                              max_shape=(40, 40, 14))  # fmt: skip
@@ -201,7 +201,7 @@ def test_a_2d_run_trains_evaluates_exports_and_ensembles_with_3d(tmp_path):
     # an ensemble of the 2d and a 3d_fullres model (find-best's pair): each configuration in
     # its own plan space, their probabilities averaged on the image's own grid
     from voxjet.distributed.runtime import init_runtime
-    from voxjet.volumes.predict import run_volume_predict
+    from voxjet.volumes.inference.predict import run_volume_predict
 
     run(str(tmp_path / "cases"), {**cfg, "configuration": "3d_fullres"}, str(tmp_path / "run3"))
     models = [str(tmp_path / r / "model.pt") for r in ("run", "run3")]
@@ -289,7 +289,7 @@ def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp
     # predict chains the stages: the lowres models' segmentation of the image fed on; with the
     # fold-0 models of both it equals what evaluation predicted for the test case
     from voxjet.distributed.runtime import init_runtime
-    from voxjet.volumes.predict import run_volume_predict
+    from voxjet.volumes.inference.predict import run_volume_predict
 
     splits = json.loads((wf / "results/ct/cases/splits.json").read_text())
     cid = splits["test"][0]
@@ -329,9 +329,9 @@ def test_a_lowres_segmentation_reaches_the_cascade_as_the_case_files_label_did(t
     """The previous stage's label map, given on the original grid (a validation's
     probabilities, or a test prediction), lands in the plan's space exactly where
     preprocessing put the case's own label (flipped, non-RAS and anisotropic cases)."""
-    from voxjet.volumes.cascade import CascadeImage, PreviousStage
-    from voxjet.volumes.probabilities import save_probabilities
-    from voxjet.volumes.store import CaseStore
+    from voxjet.volumes.inference.cascade import CascadeImage, PreviousStage
+    from voxjet.volumes.inference.probabilities import save_probabilities
+    from voxjet.volumes.preprocessing.store import CaseStore
 
     small = ToyVolumesConfig(train_cases=4, test_cases=0, min_shape=(36, 36, 12),
                              max_shape=(40, 40, 14))  # fmt: skip

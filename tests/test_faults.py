@@ -58,11 +58,11 @@ def test_flipped_bytes_in_a_shard_fail_naming_file_and_jets(shards, tmp_path):
 
 @pytest.mark.parametrize("storage", ["mapped", "compressed", "blosc2"])
 def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
-    from voxjet.volumes.patches import PatchSampler
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.store import CaseStore
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
+    from voxjet.volumes.preprocessing.store import CaseStore
+    from voxjet.volumes.training.patches import PatchSampler
 
     generate_dataset(tmp_path / "msd", ToyVolumesConfig(train_cases=4, test_cases=0,
                      min_shape=(40, 40, 16), max_shape=(44, 44, 18)), progress=False)  # fmt: skip
@@ -87,7 +87,7 @@ def test_flipped_bytes_in_a_case_file_fail_naming_the_case(tmp_path, storage):
             assert re.search(region, str(e.value))
         store.close()
         # evaluation and validation read whole cases: verified as well
-        from voxjet.volumes.store import read_case_arrays
+        from voxjet.volumes.preprocessing.store import read_case_arrays
 
         with pytest.raises(VoxjetError, match=rf"{ids[0]}\.h5: .*rerun preprocess_case"):
             with h5py.File(victim) as f:

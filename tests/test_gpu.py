@@ -54,7 +54,7 @@ def test_the_device_feed_on_cuda_hands_over_what_the_plain_path_does():
 def test_device_augmentation_on_cuda_follows_the_cpus():
     import numpy as np
 
-    from voxjet.volumes import augment as A
+    from voxjet.volumes.training import augment as A
 
     g = A.AugmentGeometry(channels=1)
     params = {k[4:]: v for k, v in A.draw_batch((0, 0, 0, 0), 8, g).items()}

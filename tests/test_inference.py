@@ -1,6 +1,6 @@
-"""Whole-case inference (voxjet.volumes.inference) and its memory check
-(voxjet.volumes.case_memory): probabilities equal MONAI's sliding window, mirroring per window
-equals the flips run one by one, labels straight from the logits equal the arg-max of the
+"""Whole-case inference (voxjet.volumes.inference.segment) and its memory check
+(voxjet.volumes.inference.case_memory): probabilities equal MONAI's sliding window, mirroring per
+window equals the flips run one by one, labels straight from the logits equal the arg-max of the
 probabilities, and a case too large for the job's memory is refused before any work."""
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import torch
 from monai.inferers import sliding_window_inference
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.case_memory import check_prediction_memory, prediction_need, read_header
-from voxjet.volumes.inference import (
+from voxjet.volumes.inference.case_memory import (
+    check_prediction_memory,
+    prediction_need,
+    read_header,
+)
+from voxjet.volumes.inference.segment import (
     Windows,
     logits_to_labels,
     mirror_axes,
@@ -22,9 +26,9 @@ from voxjet.volumes.inference import (
     to_labels,
     to_probs,
 )
-from voxjet.volumes.models import build_unet
+from voxjet.volumes.inference.sliding_window import stream_slabs, window_grid
+from voxjet.volumes.networks.models import build_unet
 from voxjet.volumes.plan.plan_file import LabelSet
-from voxjet.volumes.sliding_window import stream_slabs, window_grid
 
 THREE = LabelSet({0: "background", 1: "a", 2: "b"}, 3)
 PATCH = [16, 16, 8]
@@ -204,8 +208,12 @@ def test_probabilities_streamed_class_by_class_equal_the_whole_array_written(tmp
     """predict's --probabilities through the chunked file and gzip stream: the same 4-D NIfTI
     (values, shape, affine) as mapping all classes back at once, on a flipped, permuted
     (non-RAS) grid with a crop box and resampling."""
-    from voxjet.volumes.geometry import probs_to_original, to_ras
-    from voxjet.volumes.probability_file import plan_space_buffer, stream_to_nifti, write_slab
+    from voxjet.volumes.dataset.geometry import probs_to_original, to_ras
+    from voxjet.volumes.inference.probability_file import (
+        plan_space_buffer,
+        stream_to_nifti,
+        write_slab,
+    )
 
     affine = np.array([[0, 0, -1.5, 10], [-0.8, 0, 0, 5], [0, 0.9, 0, -3], [0, 0, 0, 1.0]])
     original = (21, 17, 12)  # stored axes: S, R, A

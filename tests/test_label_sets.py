@@ -14,10 +14,10 @@ from conftest import BIN
 from readme import README
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.msd import load_dataset
+from voxjet.volumes.dataset.msd import load_dataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 from voxjet.volumes.plan.planning import plan_dataset
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
 
 @pytest.fixture

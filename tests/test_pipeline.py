@@ -15,8 +15,8 @@ from pipeline_worker import problem
 
 from voxjet.distributed.pipeline import bubble_fraction
 from voxjet.errors import VoxjetError
-from voxjet.volumes.models import build_unet
-from voxjet.volumes.unet_stages import balanced_cuts, op_costs, split_network, unet_ops
+from voxjet.volumes.networks.models import build_unet
+from voxjet.volumes.networks.unet_stages import balanced_cuts, op_costs, split_network, unet_ops
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])

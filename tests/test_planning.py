@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.msd import Case, MSDDataset
+from voxjet.volumes.dataset.msd import Case, MSDDataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
 from voxjet.volumes.plan.experiment import make_plan
 from voxjet.volumes.plan.memory import estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan
@@ -18,7 +19,6 @@ from voxjet.volumes.plan.resenc import plan_resenc_dataset
 from voxjet.volumes.plan.sizing import check_model_against_plan, plan_patch_and_batch
 from voxjet.volumes.plan.spacing import target_spacing
 from voxjet.volumes.plan.topology import topology
-from voxjet.volumes.settings import VolumePrepConfig
 
 
 def _dataset(channels=("CT",), labels=None) -> MSDDataset:
@@ -173,7 +173,7 @@ def test_memory_estimate_bounds_a_measured_peak_on_cpu(cfg, patch, batch):
     not so far above that the plan wastes half the GPU."""
     from memory_probe import measure_peak_bytes
 
-    from voxjet.volumes.models import build_seg_model
+    from voxjet.volumes.networks.models import build_seg_model
 
     cfg = {**cfg, "in_channels": 1, "out_channels": 3}
     measured = measure_peak_bytes(cfg, patch, batch)

@@ -157,7 +157,7 @@ def test_a_killed_predict_job_leaves_nothing_taken_for_done(tagger, tmp_path):
 
 
 def test_a_model_of_the_other_domain_is_refused(tagger, tmp_path):
-    from voxjet.volumes.models import load_trained
+    from voxjet.volumes.networks.models import load_trained
 
     with pytest.raises(VoxjetError, match=r"model\.pt: a jets model; segmentation needs"):
         load_trained(tagger / "run" / "model.pt")
@@ -207,11 +207,11 @@ def test_exported_taggers_equal_the_eager_model(shards, tmp_path, name, kw):
 @pytest.fixture(scope="module")
 def segmenter(tmp_path_factory):
     """Toy CT cases preprocessed and a short U-Net run on them."""
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig
-    from voxjet.volumes.synth import generate_dataset as make_volumes
-    from voxjet.volumes.train import run
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig
+    from voxjet.volumes.dataset.synth import generate_dataset as make_volumes
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
+    from voxjet.volumes.training.train import run
 
     d = tmp_path_factory.mktemp("segmenter")
     make_volumes(d / "msd", ToyVolumesConfig(train_cases=6, test_cases=2, seed=3,
@@ -288,7 +288,7 @@ def test_a_case_larger_than_the_jobs_memory_is_refused_before_any_output(segment
 def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, tmp_path):
     from voxjet.export import export_model
     from voxjet.predict import run_predict
-    from voxjet.volumes.export import run_bundle
+    from voxjet.volumes.inference.export import run_bundle
 
     case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
     bundle = export_model(segmenter / "run" / "model.pt", "bundle", tmp_path / "export")

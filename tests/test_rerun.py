@@ -139,7 +139,7 @@ VOLUMES = {
 def _volumes_workflow(root: Path, modality: str) -> Path:
     import yaml
 
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     wf = copy_workflow(root / "wf")
     toy = ToyVolumesConfig(train_cases=6, test_cases=1, seed=3, min_shape=(24, 24, 12),

@@ -116,10 +116,10 @@ def test_voxjets_own_fingerprint_of_the_toy_set_is_nnunets(nnunet_reference):
 
     import yaml
 
-    from voxjet.volumes.msd import load_dataset
+    from voxjet.volumes.dataset.msd import load_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
     from voxjet.volumes.plan.fingerprint import inspect_cases
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
 
     synth = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["datasets"]["toy_ct"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,9 +175,9 @@ def test_config_check_refuses_a_target_below_the_presets_floor_at_the_dry_run():
 @pytest.fixture(scope="module")
 def resenc_cases(tmp_path_factory) -> Path:
     """A small toy CT set preprocessed with the ResEnc M preset."""
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     tmp = tmp_path_factory.mktemp("resenc")
     small = ToyVolumesConfig(train_cases=5, test_cases=1, min_shape=(40, 40, 16),
@@ -192,8 +192,8 @@ def resenc_cases(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("deep_supervision", [False, True])
 def test_resenc_trains_and_evaluates_on_its_plan(resenc_cases, tmp_path, deep_supervision):
     from voxjet.training.logger import read_metrics
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.training.train import run
 
     plan = json.loads((resenc_cases / "plan.json").read_text())
     assert plan["planner"] == "resenc_m" and plan["gpu_memory_gb"] == 8
@@ -213,8 +213,8 @@ def test_resenc_trains_and_evaluates_on_its_plan(resenc_cases, tmp_path, deep_su
         return
     # exported (TorchScript) and applied to a new image as any other segmentation model
     from voxjet.distributed.runtime import init_runtime, shutdown
-    from voxjet.volumes.export import export_volumes
-    from voxjet.volumes.predict import run_volume_predict
+    from voxjet.volumes.inference.export import export_volumes
+    from voxjet.volumes.inference.predict import run_volume_predict
 
     ts = export_volumes(tmp_path / "run" / "model.pt", "torchscript", tmp_path)
     assert ts.stat().st_size > 1e6
@@ -229,7 +229,7 @@ def test_resenc_trains_and_evaluates_on_its_plan(resenc_cases, tmp_path, deep_su
 
 
 def test_deep_supervision_heads_are_stacked_at_the_patch_and_dropped_in_evaluation():
-    from voxjet.volumes.models import build_resenc
+    from voxjet.volumes.networks.models import build_resenc
 
     strides, kernels, patch, _ = pool_and_conv_props([1.0, 1.0, 2.0], [32, 32, 16])
     net = build_resenc(1, 3, resenc_network(strides, kernels), deep_supervision=True)

@@ -141,7 +141,7 @@ def test_predictions_come_in_chunks_of_files_per_job(jet_sources, in_tmp):
 
 @pytest.fixture
 def volume_sources(in_tmp) -> Path:
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     cfg = ToyVolumesConfig(train_cases=3, test_cases=1, min_shape=(16, 16, 8),
                            max_shape=(18, 18, 8))  # fmt: skip

@@ -1,6 +1,6 @@
-"""Segmentation metrics by nnU-Net's conventions (voxjet.volumes.metrics), against nnU-Net
-2.8.1's compute_metrics on the same label maps (tests/seg_metric_cases.py; its values recorded
-in tests/data/nnunet_metrics.json by benchmarks/metric_references.py, so this runs without
+"""Segmentation metrics by nnU-Net's conventions (voxjet.volumes.evaluation.metrics), against
+nnU-Net 2.8.1's compute_metrics on the same label maps (tests/seg_metric_cases.py; its values
+recorded in tests/data/nnunet_metrics.json by benchmarks/metric_references.py, so this runs without
 nnU-Net): a missed lesion, a false positive on a lesion-free case, a class empty in both, a
 partial overlap, and regions. HD95's aggregate and the miss / false-detection counts against a
 hand computation of BraTS's convention."""
@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 from seg_metric_cases import LABELS, REGION_ORDER, REGIONS, SHAPE, SPACING, cases
 
-from voxjet.volumes.metrics import class_means, class_summary, diagonal_mm, mean_of, seg_metrics
+from voxjet.volumes.evaluation.metrics import (
+    class_means,
+    class_summary,
+    diagonal_mm,
+    mean_of,
+    seg_metrics,
+)
 from voxjet.volumes.plan.plan_file import LabelSet
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "nnunet_metrics.json").read_text())

@@ -16,9 +16,9 @@ import torch
 from conftest import mni_file
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.msd import load_dataset
-from voxjet.volumes.preprocess import preprocess_dataset
-from voxjet.volumes.settings import VolumePrepConfig
+from voxjet.volumes.dataset.msd import load_dataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
 STEP = 4  # the 1 mm template at 4 mm: ~50×59×48 voxels a case
 
@@ -50,7 +50,7 @@ def _variants(image: np.ndarray, label: np.ndarray, aff: np.ndarray, n: int):
 
 
 def _write(path: Path, data: np.ndarray, affine: np.ndarray) -> None:
-    from voxjet.volumes.images import write_image
+    from voxjet.volumes.dataset.images import write_image
 
     write_image(path, data, affine)
 
@@ -96,7 +96,7 @@ def _prepare(tmp_path: Path, root: Path, **cfg) -> Path:
 
 
 def _train(cases: Path, out: Path, model: dict, steps: int = 8, **train) -> Path:
-    from voxjet.volumes.train import run
+    from voxjet.volumes.training.train import run
 
     cfg = {"model": model, "train": {"steps": steps, "lr": 3e-3, "batch_size": 2,
            "eval_every": steps, "iterations_per_epoch": steps, **train}}  # fmt: skip
@@ -109,7 +109,7 @@ def test_two_channel_dataset_trains_and_predicts_with_each_channels_normalisatio
     layer takes 2), each normalised by its own scheme, and new 2-channel cases segment onto
     their own grids."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.models import load_trained
+    from voxjet.volumes.networks.models import load_trained
 
     t1, gm, wm, aff = _mni()
     label = (gm + wm > 127).astype(np.uint8)
@@ -141,8 +141,8 @@ def test_region_based_dataset_trains_with_sigmoid_outputs_and_predicts(tmp_path)
     """Regions (nnU-Net v2): "brain" = grey + white matter, "white_matter" inside it, trained
     with one sigmoid output a region and written back in regions_class_order."""
     from voxjet.predict import run_predict
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.models import load_trained
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.networks.models import load_trained
 
     t1, gm, wm, aff = _mni()
     cases = [([img], lbl, a) for img, lbl, a in _variants(t1, _brain(gm, wm), aff, 4)]
@@ -188,8 +188,8 @@ def test_splits_final_folds_train_and_their_ensemble_predicts(tmp_path):
     """splits_final.json's folds decide each fold's training and validation cases; the cases
     no fold uses are the test set; predict averages the folds' models."""
     from voxjet.predict import choose_models, run_predict
-    from voxjet.volumes.models import load_trained
-    from voxjet.volumes.predict import case_inputs, segment
+    from voxjet.volumes.inference.predict import case_inputs, segment
+    from voxjet.volumes.networks.models import load_trained
 
     t1, gm, wm, aff = _mni(step=6)
     label = (gm + wm > 127).astype(np.uint8)
@@ -229,7 +229,7 @@ def test_hd95_in_the_original_space_equals_monai_on_the_users_files(tmp_path):
     voxel sizes of that file — not on the 2 mm planning grid."""
     from monai.metrics import compute_dice, compute_hausdorff_distance
 
-    from voxjet.volumes.evaluate import score_case
+    from voxjet.volumes.evaluation.evaluate import score_case
     from voxjet.volumes.plan.plan_file import Plan
 
     t1, gm, wm, aff = _mni(step=1)
@@ -306,7 +306,7 @@ def test_regions_that_overlap_wrongly_are_refused(tmp_path, labels, order, match
 
 
 def test_a_split_that_leaves_no_validation_or_test_case_is_refused(tmp_path):
-    from voxjet.volumes.splits import split_cases
+    from voxjet.volumes.dataset.splits import split_cases
 
     t1, gm, wm, aff = _mni(step=8)
     label = (gm + wm > 127).astype(np.uint8)

@@ -14,16 +14,16 @@ from mni_dataset import mni_brain_dataset
 
 from voxjet.errors import VoxjetError
 from voxjet.io.remote import ReadOptions
-from voxjet.volumes.geometry import plan_shape, resample_slabs, zoom_to
-from voxjet.volumes.metrics import seg_metrics
-from voxjet.volumes.models import build_unet
-from voxjet.volumes.msd import load_dataset
-from voxjet.volumes.patches import PatchSampler, read_patch
+from voxjet.volumes.dataset.geometry import plan_shape, resample_slabs, zoom_to
+from voxjet.volumes.dataset.msd import load_dataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
+from voxjet.volumes.evaluation.metrics import seg_metrics
+from voxjet.volumes.networks.models import build_unet
 from voxjet.volumes.plan.plan_file import LabelSet
-from voxjet.volumes.preprocess import preprocess_dataset
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
-from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
+from voxjet.volumes.preprocessing.store import CaseStore, case_sizes, read_case_arrays
+from voxjet.volumes.training.patches import PatchSampler, read_patch
 
 SMALL = ToyVolumesConfig(
     train_cases=5, test_cases=1, min_shape=(40, 40, 16), max_shape=(48, 48, 20)
@@ -157,10 +157,10 @@ def test_new_prediction_path_keeps_the_earlier_labels_on_demo_cases(cases, toy_m
     the voxels after resampling."""
     from monai.inferers import sliding_window_inference
 
-    from voxjet.volumes.cases import load_case
-    from voxjet.volumes.inference import Windows, segment_image
+    from voxjet.volumes.dataset.cases import load_case
+    from voxjet.volumes.inference.segment import Windows, segment_image
     from voxjet.volumes.plan.plan_file import read_plan
-    from voxjet.volumes.preprocess import normalise, to_plan_space
+    from voxjet.volumes.preprocessing.preprocess import normalise, to_plan_space
 
     plan = read_plan(str(cases))
     fp = json.loads((cases / "fingerprint.json").read_text())
@@ -290,8 +290,8 @@ def test_case_files_of_the_previous_format_stay_readable(cases, tmp_path):
 
 
 def test_blosc2_cases_train_and_evaluate_as_the_mapped_ones(blosc2_cases, cases, tmp_path):
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.training.train import run
 
     cfg = {"model": {"name": "unet", "channels": [8, 16, 32], "num_res_units": 1},
            "train": {"steps": 4, "eval_every": 4, "iterations_per_epoch": 4}}  # fmt: skip
@@ -348,8 +348,8 @@ def test_preprocess_real_mni_template(tmp_path):
 
 def test_segmentation_trains_and_evaluates(cases, tmp_path):
     from voxjet.training.logger import read_metrics
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.training.train import run
 
     cfg = {
         "model": {"name": "unet", "channels": [8, 16, 32], "num_res_units": 1},
@@ -515,7 +515,7 @@ def test_two_cases_with_identical_images_are_refused_naming_both(tmp_path):
 
 
 def test_label_round_trip_through_plan_space_on_non_ras_anisotropic_input(tmp_path):
-    from voxjet.volumes.geometry import labels_to_original
+    from voxjet.volumes.dataset.geometry import labels_to_original
 
     cases = [_blob_case(seed=i, zooms=(0.8, 1.1, 3.0), flip=(True, True, False)) for i in range(3)]
     root = _msd(tmp_path / "ds", cases)
@@ -555,7 +555,7 @@ def test_multichannel_images_keep_channels(tmp_path):
 def test_nibabel_shipped_nifti_files_load_and_reorient():
     from nibabel.testing import data_path
 
-    from voxjet.volumes.geometry import from_ras, to_ras
+    from voxjet.volumes.dataset.geometry import from_ras, to_ras
 
     path = Path(data_path) / "anatomical.nii"
     img = nib.load(path)
@@ -623,8 +623,8 @@ def test_pipelined_segmentation_training_follows_the_single_process_run(cases, t
 def test_mirroring_makes_the_prediction_flip_equivariant():
     """Test-time mirroring averages all 8 flips: predicting a flipped image gives the flipped
     prediction (one window, so the sliding-window grid plays no part)."""
-    from voxjet.volumes.inference import Windows, segment_image
-    from voxjet.volumes.models import build_unet
+    from voxjet.volumes.inference.segment import Windows, segment_image
+    from voxjet.volumes.networks.models import build_unet
 
     torch.manual_seed(0)
     model = build_unet(1, 3, [4, 8, 16], num_res_units=1)
@@ -644,8 +644,8 @@ def test_mirroring_makes_the_prediction_flip_equivariant():
 def test_short_run_segments_the_mni_brain(tmp_path):
     """Real data: a short U-Net run segments the MNI152 brain with test Dice ≥ 0.9, and the
     prediction, written back as NIfTI, lies on the original (non-RAS) image grid."""
-    from voxjet.volumes.evaluate import evaluate
-    from voxjet.volumes.train import run
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.training.train import run
 
     root = mni_brain_dataset(tmp_path / "mni")
     manifest = tmp_path / "m.json"

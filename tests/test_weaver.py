@@ -378,7 +378,7 @@ def test_a_weaver_configs_treename_is_the_tree_staging_checks(demo_config, workf
     r = run_snakemake(workflow_dir, "-n", "-p", "--until", "stage", "--configfile", str(config),
                       "--replace-workflow-config")  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "'--tree' 'Events'" in r.stdout, r.stdout[-3000:]
+    assert "--tree Events" in r.stdout, r.stdout[-3000:]
     cfg["datasets"]["toy_jets"]["jets"]["tree"] = "events"
     config = write_config(tmp_path / "c.yaml", cfg)
     r = run_snakemake(workflow_dir, "-n", "--configfile", str(config), "--replace-workflow-config")

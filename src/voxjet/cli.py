@@ -44,7 +44,7 @@ def _synth_jets(a: argparse.Namespace) -> None:
 
 
 def _synth_volumes(a: argparse.Namespace) -> None:
-    from voxjet.volumes.synth import ToyVolumesConfig, generate_dataset
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
     with atomic_path(a.out, directory=True) as tmp:  # all cases or none
         generate_dataset(
@@ -102,8 +102,8 @@ def _index_shards(a: argparse.Namespace) -> None:
 
 
 def _preprocess(a: argparse.Namespace) -> None:
-    from voxjet.volumes.preprocess import preprocess_dataset
-    from voxjet.volumes.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.preprocessing.preprocess import preprocess_dataset
 
     cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
     plan = preprocess_dataset(a.manifest, a.out, cfg)
@@ -112,8 +112,8 @@ def _preprocess(a: argparse.Namespace) -> None:
 
 
 def _plan_volumes(a: argparse.Namespace) -> None:
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
     from voxjet.volumes.plan.planning import plan_volumes
-    from voxjet.volumes.settings import VolumePrepConfig
 
     cfg = from_dict(VolumePrepConfig, parse_json_arg(a.config, "--config"), "volumes config")
     plan = plan_volumes(a.manifest, a.out, cfg, a.on_duplicate)
@@ -122,14 +122,14 @@ def _plan_volumes(a: argparse.Namespace) -> None:
 
 
 def _preprocess_case(a: argparse.Namespace) -> None:
-    from voxjet.volumes.preprocess import preprocess_one
+    from voxjet.volumes.preprocessing.preprocess import preprocess_one
 
     summary = preprocess_one(a.manifest, a.plan, a.case, a.out, a.configuration, a.made_from)
     print(json.dumps(summary), file=sys.stderr)
 
 
 def _gather_cases(a: argparse.Namespace) -> None:
-    from voxjet.volumes.preprocess import gather_cases
+    from voxjet.volumes.preprocessing.preprocess import gather_cases
 
     cases = gather_cases(a.plan, a.cases, a.configuration)
     print(f"{len(cases)} cases ready in {a.cases}", file=sys.stderr)
@@ -149,7 +149,7 @@ def _train_jets(a: argparse.Namespace) -> None:
 
 
 def _train_seg(a: argparse.Namespace) -> None:
-    from voxjet.volumes.train import run
+    from voxjet.volumes.training.train import run
 
     run(a.cases, parse_json_arg(a.run_config, "--run-config"), a.out, _read(a), _previous(a))
 
@@ -168,7 +168,7 @@ def _evaluate_jets(a: argparse.Namespace) -> None:
 
 
 def _evaluate_seg(a: argparse.Namespace) -> None:
-    from voxjet.volumes.evaluate import evaluate
+    from voxjet.volumes.evaluation.evaluate import evaluate
 
     m = evaluate(a.cases, a.model, a.out, overlap=a.overlap, mirror=a.mirror, read=_read(a),
                  split=a.split, probabilities=a.probabilities,
@@ -179,7 +179,7 @@ def _evaluate_seg(a: argparse.Namespace) -> None:
 
 
 def _find_best(a: argparse.Namespace) -> None:
-    from voxjet.volumes.find_best import find_best
+    from voxjet.volumes.evaluation.find_best import find_best
 
     configs = parse_json_arg(a.configs, "--configs")
     choice = find_best(a.cases, {n: c["validations"] for n, c in configs.items()}, a.out,
@@ -280,7 +280,7 @@ def _args_relabel(s: argparse.ArgumentParser) -> None:
 
 
 def _relabel(a: argparse.Namespace) -> None:
-    from voxjet.volumes.relabel import parse_map, relabel
+    from voxjet.volumes.dataset.relabel import parse_map, relabel
 
     out = relabel(a.dataset, parse_map(a.map), a.out)
     print(f"relabelled dataset written to {out}", file=sys.stderr)

@@ -24,7 +24,7 @@ from voxjet.jets.weaver_config import check_not_both
 from voxjet.schema import explain, load_schema, numbers_as_written
 from voxjet.sweep_check import check_sweep
 from voxjet.user_paths import expand_user_paths
-from voxjet.volumes.settings import CASE_FOLDERS
+from voxjet.volumes.dataset.settings import CASE_FOLDERS
 
 T = TypeVar("T")
 

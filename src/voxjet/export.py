@@ -1,7 +1,7 @@
 """`voxjet export`: a trained model in the formats other software runs — a jet tagger to ONNX
 and TorchScript (voxjet.jets.export), a segmentation network to TorchScript and a MONAI bundle
-(voxjet.volumes.export); the domain comes from the model. Every export is checked against the
-eager model before it is kept (voxjet.tracing)."""
+(voxjet.volumes.inference.export); the domain comes from the model. Every export is checked against
+the eager model before it is kept (voxjet.tracing)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from voxjet.io.atomic import output_folder
 from voxjet.io.overlap import refuse_overlap
 from voxjet.jets.export import export_tagger
 from voxjet.predict import model_domain
-from voxjet.volumes.export import export_volumes
+from voxjet.volumes.inference.export import export_volumes
 
 
 def export_model(model_path: str | os.PathLike, fmt: str, out_dir: str | os.PathLike) -> Path:

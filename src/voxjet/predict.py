@@ -118,7 +118,7 @@ def run_predict(
     try:
         with output_folder(out_dir) as out:
             if domain != "jets":
-                from voxjet.volumes.predict import run_volume_predict
+                from voxjet.volumes.inference.predict import run_volume_predict
 
                 return run_volume_predict(models, inputs, out, rt, overlap, mirror, probabilities,
                                           postprocessing=post,

@@ -14,32 +14,21 @@ its slot; the worker then takes another slot or, with none free, fresh memory as
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from voxjet.io.layout import Specs, pack_layout
+
 FREE, OUT, RETIRED = 0, 1, 2  # RETIRED: still held when its loader stopped; never reused
 SLOT, LAYOUT = "_slot", "_layout"  # batch keys of the hand-over, removed before it goes on
-Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
 def slot_table(workers: int, slots: int) -> torch.Tensor:
     """The shared [workers, slots] table of slot states (all FREE)."""
     return torch.zeros((max(workers, 1), slots), dtype=torch.int8).share_memory_()
-
-
-def pack_layout(specs: Specs, align: int = 64) -> tuple[dict[str, tuple[int, int]], int]:
-    """Where each array of `specs` sits in one byte buffer: {key: (start, nbytes)}, each start
-    aligned (a cache line by default), and the buffer's size."""
-    layout, total = {}, 0
-    for k, (shape, dtype) in specs.items():
-        n = math.prod(shape) * np.dtype(dtype).itemsize
-        layout[k] = (total, n)
-        total += -(-n // align) * align
-    return layout, total
 
 
 def tensors_in(storage: torch.UntypedStorage, specs: Specs) -> dict[str, torch.Tensor]:

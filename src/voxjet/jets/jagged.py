@@ -11,11 +11,14 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from voxjet.io.handover import pack_layout
+from voxjet.io.layout import pack_layout
+
+if TYPE_CHECKING:
+    import torch
 
 
 def offsets_of(counts: np.ndarray) -> np.ndarray:
@@ -76,6 +79,8 @@ def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray) -> np.ndarr
     if not len(index):
         return out
     if threading.current_thread() is threading.main_thread():
+        import torch  # loaded by then in any process that trains; the dry run never is
+
         torch.index_select(
             torch.from_numpy(src), 0, torch.from_numpy(np.asarray(index)), out=torch.from_numpy(out)
         )
@@ -186,6 +191,8 @@ def pad_particles(
     """Flat particles [sum(counts), F] of jets with `counts` (each ≤ length) as padded
     [B, length, F] (zeros beyond each jet's count) and the mask [B, length]; on the tensors'
     device."""
+    import torch
+
     mask = torch.arange(length, device=flat.device) < counts.to(flat.device)[:, None]
     out = flat.new_zeros(len(counts), length, flat.shape[-1])
     out[mask] = flat  # row-major order of the mask is jet by jet, particle by particle

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 from voxjet.errors import VoxjetError
 
@@ -15,6 +14,8 @@ def roc_auc(scores: np.ndarray, is_signal: np.ndarray) -> float:
     n_s, n_b = int(is_signal.sum()), int((~is_signal).sum())
     if n_s == 0 or n_b == 0:
         return float("nan")
+    from scipy.stats import rankdata
+
     ranks = rankdata(scores)
     return float((ranks[is_signal].sum() - n_s * (n_s + 1) / 2) / (n_s * n_b))
 

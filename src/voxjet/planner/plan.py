@@ -36,8 +36,8 @@ from voxjet.planner.model import (
     predict_step,
 )
 from voxjet.training.task import epochs, make_optimizer
-from voxjet.volumes.case_memory import check_job_memory, largest_case_need
-from voxjet.volumes.train import make_task as seg_task
+from voxjet.volumes.inference.case_memory import check_job_memory, largest_case_need
+from voxjet.volumes.training.train import make_task as seg_task
 
 
 @dataclass

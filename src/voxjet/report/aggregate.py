@@ -17,8 +17,8 @@ from voxjet.report import figures
 from voxjet.report.runs import RunInfo
 from voxjet.report.scaling import Point, scaling_figure, steady_rate, study_markdown, study_table
 from voxjet.training.logger import read_metrics
-from voxjet.volumes.figures import dice_boxes
-from voxjet.volumes.find_best import summary_rows
+from voxjet.volumes.evaluation.figures import dice_boxes
+from voxjet.volumes.evaluation.find_best import summary_rows
 
 # (metric, higher is better) that ranks the runs of a domain, then the other summary columns.
 HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}

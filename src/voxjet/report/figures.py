@@ -1,7 +1,7 @@
 """The summary's own figures (the domains draw theirs: voxjet.jets.figures,
-voxjet.volumes.figures): rejection per class, spread over repeats, training curves, throughput
-and data stall per run, where the pipeline's time and memory went per rule, and the planner
-against the runs.
+voxjet.volumes.evaluation.figures): rejection per class, spread over repeats, training curves,
+throughput and data stall per run, where the pipeline's time and memory went per rule, and the
+planner against the runs.
 Each function takes plain data and a path, so tests can call it without a workflow."""
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""3D segmentation: MSD datasets, the toy CT generator, preprocessing, patches, models, metrics."""
+"""Segmentation of volumes, in nnU-Net's stage folders: dataset/ (dataset.json, images, cases,
+splits) → plan/ (fingerprint, experiment plan) → preprocessing/ (case files) → training/ →
+inference/ (sliding window, predict, export) → evaluation/ (metrics, find-best) and
+postprocessing/; networks/ are the models every stage builds from the plan."""

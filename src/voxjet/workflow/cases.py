@@ -1,6 +1,6 @@
 """A volumes dataset's cases as the dry run knows them (one preprocessing job a case), and the
-digest of what the planning gives each case (voxjet.volumes.preprocess.plan_inputs), read
-from the planning folder as it stands."""
+digest of what the planning gives each case (voxjet.volumes.preprocessing.preprocess.plan_inputs),
+read from the planning folder as it stands."""
 
 from __future__ import annotations
 
@@ -27,12 +27,12 @@ def case_list(name: str, ds: Mapping[str, Any]) -> CaseList:
     source = ds["source"]
     try:
         if "synthetic" in source:
-            from voxjet.volumes.synth import ToyVolumesConfig, case_ids
+            from voxjet.volumes.dataset.synth import ToyVolumesConfig, case_ids
 
             s = source["synthetic"]
             return CaseList(case_ids(ToyVolumesConfig(s["train_cases"], s["test_cases"])))
         if "path" in source and "://" not in source["path"]:
-            from voxjet.volumes.msd import load_dataset
+            from voxjet.volumes.dataset.msd import load_dataset
 
             cases = load_dataset(source["path"]).cases
             return CaseList([c.case_id for c in cases],
@@ -40,7 +40,7 @@ def case_list(name: str, ds: Mapping[str, Any]) -> CaseList:
                                          (*c.images, *([c.label] if c.label else []))]
                              for c in cases})  # fmt: skip
         if "path" in source:
-            from voxjet.volumes.preprocess import dataset_case_ids
+            from voxjet.volumes.preprocessing.preprocess import dataset_case_ids
 
             return CaseList(dataset_case_ids(source["path"]))
         raise VoxjetError(
@@ -57,7 +57,7 @@ def plan_digest(plan_dir: str | os.PathLike, configuration: str, case: str,
     """What the planning folder gives one case now ("" before it is planned). Read again (into
     `cache`) only when the folder's files change: a job's parameters are asked for at the dry
     run and just before the job runs."""
-    from voxjet.volumes.preprocess import plan_inputs_digest, read_planning
+    from voxjet.volumes.preprocessing.plan_inputs import plan_inputs_digest, read_planning
 
     folder = Path(plan_dir)
     names = ("plan.json", "fingerprint.json", "skipped.json")

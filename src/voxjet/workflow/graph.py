@@ -43,7 +43,7 @@ from voxjet.job_params import Digested, DigestedList, json_param
 from voxjet.planner.allocate import allocation_choice
 from voxjet.report.runs import run_infos
 from voxjet.stage.fingerprint import digest
-from voxjet.volumes.settings import CASE_FOLDERS
+from voxjet.volumes.dataset.settings import CASE_FOLDERS
 from voxjet.workflow import paths
 from voxjet.workflow.cases import CaseList, case_list, plan_digest
 from voxjet.workflow.sources import DatasetSources, stage_patterns
@@ -480,7 +480,7 @@ def prediction_chunks(p: Mapping[str, Any], domain: str, name: str) -> list[list
 
             items = [path for path, _ in jet_inputs(inputs, key)]
         else:
-            from voxjet.volumes.predict import case_inputs
+            from voxjet.volumes.inference.predict import case_inputs
 
             items = [str(f) for c in case_inputs(inputs) for f in c.files]
     except VoxjetError as e:

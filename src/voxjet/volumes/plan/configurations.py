@@ -6,8 +6,8 @@ that axis, the patch and batch sized to the same memory target by the dataset's 
 A configuration is stored in plan.json under `configurations`, and `Plan.configured` gives the
 plan a run of it trains and predicts with: the 2d patch is kept 3D, one voxel thick along the
 slice axis, so sampling, sliding-window inference, evaluation and export stay those of the 3D
-configuration, and the model (voxjet.volumes.models.SliceWise) applies its 2D network a slice
-at a time."""
+configuration, and the model (voxjet.volumes.networks.models.SliceWise) applies its 2D network a
+slice at a time."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.models import build_resenc
-from voxjet.volumes.msd import MSDDataset
+from voxjet.volumes.dataset.msd import MSDDataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.networks.models import build_resenc
 from voxjet.volumes.plan.configurations import plan_2d, plan_lowres
 from voxjet.volumes.plan.memory import GIB, estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan
@@ -20,7 +21,6 @@ from voxjet.volumes.plan.resenc import plan_resenc_dataset
 from voxjet.volumes.plan.sizing import DEFAULT_GPU_MEMORY_GB, plan_patch_and_batch
 from voxjet.volumes.plan.spacing import dataset_voxels, resampled_shapes, target_spacing
 from voxjet.volumes.plan.storage import choose_storage, node_memory_bytes
-from voxjet.volumes.settings import VolumePrepConfig
 
 
 def _sized_by_voxjet(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> dict:

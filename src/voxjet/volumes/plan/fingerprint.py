@@ -10,9 +10,9 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.progress import progress
-from voxjet.volumes.cases import LoadedCase, crop_box, load_case
-from voxjet.volumes.msd import MSDDataset
-from voxjet.volumes.settings import VolumePrepConfig
+from voxjet.volumes.dataset.cases import LoadedCase, crop_box, load_case
+from voxjet.volumes.dataset.msd import MSDDataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
 
 
 def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator) -> np.ndarray:

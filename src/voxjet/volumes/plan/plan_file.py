@@ -33,6 +33,24 @@ class LabelSet:
     region_order: list[int] | None = None
 
 
+def target_values(classes: LabelSet) -> dict[str, list[int]]:
+    """{class or region name: the label values its mask covers}, the foreground ones."""
+    if classes.regions:
+        return {name: list(values) for name, values in classes.regions.items()}
+    names = {int(k): v for k, v in classes.labels.items()}
+    return {names[c]: [c] for c in range(1, classes.num_classes) if c in names}
+
+
+def class_values(classes: LabelSet) -> dict[str, list[int]]:
+    """The label values a reported class (or region) covers in a label map."""
+    if classes.regions:
+        order = classes.region_order
+        return {
+            name: [v for v in order if v in set(vals)] for name, vals in classes.regions.items()
+        }
+    return {name: [int(v)] for v, name in classes.labels.items() if int(v) > 0}
+
+
 @dataclass(frozen=True)
 class Plan:
     """One configuration's plan of a dataset (3d_fullres unless `configured` chose another)."""

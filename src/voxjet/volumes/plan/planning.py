@@ -14,12 +14,12 @@ from pathlib import Path
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
 from voxjet.stage.transfer import name_sources
-from voxjet.volumes.msd import Case, MSDDataset, load_dataset
+from voxjet.volumes.dataset.msd import Case, MSDDataset, load_dataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.dataset.splits import split_cases
 from voxjet.volumes.plan.experiment import make_plan
 from voxjet.volumes.plan.fingerprint import check_labels_seen, fingerprint_from, inspect_cases
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.splits import split_cases
 
 
 def duplicate_cases(ds: MSDDataset, manifest: dict, on_duplicate: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.models import BLOCKS_ENCODER, build_resenc_core
+from voxjet.volumes.networks.models import BLOCKS_ENCODER, build_resenc_core
 from voxjet.volumes.plan.spacing import target_spacing
 from voxjet.volumes.plan.topology import nnunet_axes, pool_and_conv_props
 

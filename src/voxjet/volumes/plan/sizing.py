@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.models import build_dynunet
+from voxjet.volumes.networks.models import build_dynunet
 from voxjet.volumes.plan.memory import GIB, estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.plan.topology import divisors, topology

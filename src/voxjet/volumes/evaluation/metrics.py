@@ -20,15 +20,7 @@ import numpy as np
 import torch
 from monai.metrics import compute_hausdorff_distance
 
-from voxjet.volumes.plan.plan_file import LabelSet
-
-
-def target_values(classes: LabelSet) -> dict[str, list[int]]:
-    """{class or region name: the label values its mask covers}, the foreground ones."""
-    if classes.regions:
-        return {name: list(values) for name, values in classes.regions.items()}
-    names = {int(k): v for k, v in classes.labels.items()}
-    return {names[c]: [c] for c in range(1, classes.num_classes) if c in names}
+from voxjet.volumes.plan.plan_file import LabelSet, target_values
 
 
 def _mask(label: np.ndarray, values: list[int]) -> np.ndarray:
@@ -46,16 +38,6 @@ def _box(mask: np.ndarray) -> tuple[slice, ...] | None:
             return None
         box.append(slice(max(int(hit[0]) - 1, 0), min(int(hit[-1]) + 2, mask.shape[axis])))
     return tuple(box)
-
-
-def class_values(classes: LabelSet) -> dict[str, list[int]]:
-    """The label values a reported class (or region) covers in a label map."""
-    if classes.regions:
-        order = classes.region_order
-        return {
-            name: [v for v in order if v in set(vals)] for name, vals in classes.regions.items()
-        }
-    return {name: [int(v)] for v, name in classes.labels.items() if int(v) > 0}
 
 
 def dice_of(tp: int, fp: int, fn: int) -> float:

@@ -21,17 +21,22 @@ import numpy as np
 import torch
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.cascade import cascade_input
-from voxjet.volumes.case_memory import check_prediction_memory
-from voxjet.volumes.cases import read_channel_files
-from voxjet.volumes.geometry import labels_to_original, probs_to_original, ras_spacing, to_ras
-from voxjet.volumes.images import ENDINGS, save_nifti
-from voxjet.volumes.inference import Windows, segment_image, to_labels
-from voxjet.volumes.models import load_trained
+from voxjet.volumes.dataset.cases import read_channel_files
+from voxjet.volumes.dataset.geometry import (
+    labels_to_original,
+    probs_to_original,
+    ras_spacing,
+    to_ras,
+)
+from voxjet.volumes.dataset.images import ENDINGS, save_nifti
+from voxjet.volumes.inference.cascade import cascade_input
+from voxjet.volumes.inference.case_memory import check_prediction_memory
+from voxjet.volumes.inference.probability_file import plan_space_buffer, stream_to_nifti, write_slab
+from voxjet.volumes.inference.segment import Windows, segment_image, to_labels
+from voxjet.volumes.networks.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.postprocessing import apply_postprocessing
-from voxjet.volumes.preprocess import to_plan_space
-from voxjet.volumes.probability_file import plan_space_buffer, stream_to_nifti, write_slab
+from voxjet.volumes.postprocessing.connected_components import apply_postprocessing
+from voxjet.volumes.preprocessing.preprocess import to_plan_space
 
 NIFTI = ENDINGS  # every image format read (NIfTI, NRRD, MHA, …)
 CHANNEL = re.compile(r"^(?P<case>.+)_(?P<ch>\d{4})$")

@@ -6,7 +6,7 @@ cross-validation, the lowres fold that validated each case (so a training case i
 segmented by a model that trained on it), read from that fold's validation probabilities; for
 the test cases, the lowres run's predictions. Both are on the case's original grid and are
 mapped into the full-resolution plan's space as the case file's image was
-(voxjet.volumes.geometry.labels_to_plan).
+(voxjet.volumes.dataset.geometry.labels_to_plan).
 
 In training the previous stage's channels travel with the label through the spatial
 augmentation (nearest, as nnU-Net moves its segmentation) and skip the intensity transforms
@@ -20,9 +20,9 @@ import nibabel as nib
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.geometry import labels_to_plan
+from voxjet.volumes.dataset.geometry import labels_to_plan
+from voxjet.volumes.inference.probabilities import PROBABILITIES, labels_of, load_probabilities
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.probabilities import PROBABILITIES, labels_of, load_probabilities
 
 
 def one_hot(seg: np.ndarray, num_classes: int) -> np.ndarray:

@@ -10,7 +10,7 @@ import torch
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
-from voxjet.volumes.inference import to_labels
+from voxjet.volumes.inference.segment import to_labels
 from voxjet.volumes.plan.plan_file import LabelSet
 
 PROBABILITIES = "probabilities"  # the folder of a validation's per-case probability files

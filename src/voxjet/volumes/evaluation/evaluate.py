@@ -1,7 +1,7 @@
 """`voxjet evaluate-seg`: sliding-window predictions on the held-out test cases (or a fold's
 validation cases), mapped back to each case's original grid and scored there against the label
-as the user gave it (nnU-Net's convention: voxjet.volumes.metrics, per class or region and
-case, and their means), and overlays of a few slices for a person to look at."""
+as the user gave it (nnU-Net's convention: voxjet.volumes.evaluation.metrics, per class or region
+and case, and their means), and overlays of a few slices for a person to look at."""
 
 from __future__ import annotations
 
@@ -18,18 +18,24 @@ from voxjet.io.atomic import write_json
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
-from voxjet.volumes.cascade import PreviousStage
-from voxjet.volumes.figures import overlays
-from voxjet.volumes.geometry import labels_to_original, probs_to_original
-from voxjet.volumes.images import save_nifti
-from voxjet.volumes.inference import Windows, segment_image
-from voxjet.volumes.metrics import class_summary, diagonal_mm, mean_of, nanmean, seg_metrics
-from voxjet.volumes.models import load_trained
+from voxjet.volumes.dataset.geometry import labels_to_original, probs_to_original
+from voxjet.volumes.dataset.images import save_nifti
+from voxjet.volumes.dataset.settings import CASE_FOLDERS
+from voxjet.volumes.dataset.splits import evaluation_cases
+from voxjet.volumes.evaluation.figures import overlays
+from voxjet.volumes.evaluation.metrics import (
+    class_summary,
+    diagonal_mm,
+    mean_of,
+    nanmean,
+    seg_metrics,
+)
+from voxjet.volumes.inference.cascade import PreviousStage
+from voxjet.volumes.inference.probabilities import PROBABILITIES, save_probabilities
+from voxjet.volumes.inference.segment import Windows, segment_image
+from voxjet.volumes.networks.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
-from voxjet.volumes.probabilities import PROBABILITIES, save_probabilities
-from voxjet.volumes.settings import CASE_FOLDERS
-from voxjet.volumes.splits import evaluation_cases
-from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
+from voxjet.volumes.preprocessing.store import CaseStore, case_sizes, read_case_arrays
 
 OVERLAY_CASES = 3  # cases drawn in overlays.png
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.geometry import corner_distance_mm, ras_spacing, refuse_shear, to_ras
-from voxjet.volumes.images import read_image
-from voxjet.volumes.msd import Case, MSDDataset
+from voxjet.volumes.dataset.geometry import corner_distance_mm, ras_spacing, refuse_shear, to_ras
+from voxjet.volumes.dataset.images import read_image
+from voxjet.volumes.dataset.msd import Case, MSDDataset
 
 MAX_CHANNELS = 16  # a 4-D image with more along its last axis is a time series, not channels
 LABEL_SLAB = 16  # planes of a label map checked at a time

@@ -1,6 +1,6 @@
 """Preprocess a dataset's cases with its plan into one chunked HDF5 file a case (nnU-Net's
-preprocessing): every channel read and reoriented to RAS (voxjet.volumes.cases); cropped to the
-region non-zero in any channel; resampled to the plan's spacing (image linear, label by
+preprocessing): every channel read and reoriented to RAS (voxjet.volumes.dataset.cases); cropped to
+the region non-zero in any channel; resampled to the plan's spacing (image linear, label by
 interpolated class indicators); each channel normalised by its scheme from dataset.json (CT:
 clipped to the dataset's foreground 0.5-99.5 percentiles of that channel and z-scored with its
 statistics; zscore: per case; rescale_to_0_1; none). Each file also keeps the original label
@@ -9,7 +9,6 @@ the original space. Planning is voxjet.volumes.plan."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import zlib
@@ -25,13 +24,14 @@ from voxjet.io.integrity import checked_lz4
 from voxjet.io.mapped import write_mapped
 from voxjet.io.packed import write_packed
 from voxjet.progress import progress
-from voxjet.volumes.cases import LoadedCase, crop_box, load_case
-from voxjet.volumes.geometry import plan_shape, resample_slabs, zoom_labels
-from voxjet.volumes.msd import Case, MSDDataset, case_id_of, load_dataset
-from voxjet.volumes.plan.plan_file import Plan, read_configured
+from voxjet.volumes.dataset.cases import LoadedCase, crop_box, load_case
+from voxjet.volumes.dataset.geometry import plan_shape, resample_slabs, zoom_labels
+from voxjet.volumes.dataset.msd import Case, MSDDataset, case_id_of, load_dataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
+from voxjet.volumes.plan.plan_file import Plan
 from voxjet.volumes.plan.planning import naming_sources, plan_dataset, write_planned
-from voxjet.volumes.settings import VolumePrepConfig
-from voxjet.volumes.store import CASE_FORMAT
+from voxjet.volumes.preprocessing.plan_inputs import plan_inputs_digest, read_planning
+from voxjet.volumes.preprocessing.store import CASE_FORMAT
 
 
 def normalise(image: np.ndarray, plan: Plan, fp: dict) -> np.ndarray:
@@ -163,39 +163,6 @@ def preprocess_case(ds: MSDDataset, case: Case, plan: Plan, fp: dict, out_path: 
         "voxels_per_class": counts,
         "bytes": out_path.stat().st_size,  # spares a reader at a URL one request (size())
     }
-
-
-def plan_inputs(plan: Plan, fp: dict, skipped: str | None = None) -> dict:
-    """What a case file takes from its dataset's planning (besides its own files): the plan's
-    spacing, patch (the chunking), classes, storage and normalisation, the foreground intensity
-    statistics of the channels normalised with them (CT), and whether the case was set aside."""
-    stats = fp.get("foreground_intensity_per_channel") or [fp.get("foreground_intensity")]
-    return {
-        "target_spacing": plan.target_spacing,
-        "patch_size": plan.patch_size,
-        "num_classes": plan.num_classes,
-        "normalization": plan.normalization,
-        "storage": plan.storage.get("store", plan.config.get("storage")),
-        "config": {k: plan.config.get(k) for k in ("seed", "foreground_samples", "storage")},
-        "ct": [
-            stats[c] if s == "ct" and c < len(stats) else None
-            for c, s in enumerate(plan.normalization)
-        ],  # fmt: skip
-        "skipped": skipped,
-    }
-
-
-def plan_inputs_digest(plan: Plan, fp: dict, skipped: str | None = None) -> str:
-    """A short digest of plan_inputs: equal for two plans that make the same case file."""
-    text = json.dumps(plan_inputs(plan, fp, skipped), sort_keys=True, default=float)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def read_planning(plan_dir: str | os.PathLike, configuration: str) -> tuple[Plan, dict, dict]:
-    """A planning folder's plan (of one configuration), fingerprint and skipped cases."""
-    plan_dir = Path(plan_dir)
-    plan = read_configured(str(plan_dir), configuration)
-    return plan, read_json(plan_dir / "fingerprint.json"), read_json(plan_dir / "skipped.json")
 
 
 def _whole_chunks(shape: tuple[int, ...]) -> tuple[int, ...]:

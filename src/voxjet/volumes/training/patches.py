@@ -11,7 +11,8 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.case_arrays import CaseArray
 from voxjet.io.handover import SharedSlabs
-from voxjet.volumes.augment import (
+from voxjet.volumes.preprocessing.store import CaseStore
+from voxjet.volumes.training.augment import (
     MARGIN,
     P_ROTATE,
     P_SCALE,
@@ -22,7 +23,6 @@ from voxjet.volumes.augment import (
     cut_sizes,
     draw_batch,
 )
-from voxjet.volumes.store import CaseStore
 
 
 def read_patch(
@@ -73,7 +73,8 @@ def draw_centre(
 # nnU-Net's augmentation in the loader, from MONAI transforms: (rotation, scaling) applied with
 # these probabilities to a patch read larger (so turning it brings in no empty corners), then
 # Gaussian noise and blur, brightness, contrast, low resolution simulated, gamma, and mirroring.
-# `train.augment_on: device` applies the same recipe to whole batches (voxjet.volumes.augment).
+# `train.augment_on: device` applies the same recipe to whole batches
+# (voxjet.volumes.training.augment).
 def make_spatial(patch: np.ndarray, rotate: bool, scale: bool, coarse_axis: int | None = None,
                  thin: bool = False):  # fmt: skip
     """MONAI's RandAffined onto the patch's grid (its centre), applied for sure (the caller

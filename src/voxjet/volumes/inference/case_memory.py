@@ -5,8 +5,8 @@ the numbers instead of the job being killed by the kernel or SLURM half-way thro
 The need is the sum of what `predict.segment` holds at its peak: the case as read (float32,
 and its reoriented copy), the prepared image at the plan's spacing and its padded copy, the
 streamed sliding window's band (one window's depth of the classes' logits and the weights, not
-the whole case's: voxjet.volumes.sliding_window), the label maps in plan and original space,
-and with probabilities the classes' probabilities on both grids."""
+the whole case's: voxjet.volumes.inference.sliding_window), the label maps in plan and original
+space, and with probabilities the classes' probabilities on both grids."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.images import NIFTI_ENDINGS, ending_of
+from voxjet.volumes.dataset.images import NIFTI_ENDINGS, ending_of
 
 GIB = 1024**3
 # besides the arrays counted: the network's activations for a window batch, torch's and

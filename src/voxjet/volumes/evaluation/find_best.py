@@ -2,8 +2,9 @@
 chooses it: from the cross-validation folds' validation predictions of every configuration (an
 experiment, or a point of its sweep, trained with `folds:`), the single configuration or pair of
 configurations (their probabilities averaged) with the highest mean Dice over the validation
-cases; then the post-processing nnU-Net tries on it (voxjet.volumes.postprocessing). Everything
-is scored on each case's original grid against the label as given.
+cases; then the post-processing nnU-Net tries on it (`choose_postprocessing`; applied by
+voxjet.volumes.postprocessing). Everything is scored on each case's original grid against the label
+as given.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import numpy as np
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.remote import ReadOptions
-from voxjet.volumes.metrics import score
-from voxjet.volumes.plan.plan_file import LabelSet, read_plan
-from voxjet.volumes.postprocessing import choose_postprocessing
-from voxjet.volumes.probabilities import PROBABILITIES, labels_of, load_probabilities
-from voxjet.volumes.store import CaseStore, case_sizes
+from voxjet.volumes.evaluation.metrics import Scores, score
+from voxjet.volumes.inference.probabilities import PROBABILITIES, labels_of, load_probabilities
+from voxjet.volumes.plan.plan_file import LabelSet, class_values, read_plan
+from voxjet.volumes.postprocessing.connected_components import keep_largest
+from voxjet.volumes.preprocessing.store import CaseStore, case_sizes
 
 
 def case_files(folders: list[Path], config: str) -> dict[str, Path]:
@@ -168,3 +169,33 @@ def find_best(cases_dir: str, configs: dict[str, list[str]], out_dir: str,
         tmp.write_text(summary_markdown(choice))
     write_json(out / "choice.json", choice)
     return choice
+
+
+def choose_postprocessing(maps: dict[str, np.ndarray], refs: dict[str, np.ndarray],
+                          classes: LabelSet, base: Scores) -> dict:  # fmt: skip
+    """nnU-Net's two steps, each kept only where it raises Dice: the foreground's largest
+    component (the mean over classes), then each class's own (that class's Dice)."""
+    values = class_values(classes)
+    fg = sorted({v for vs in values.values() for v in vs})
+    trial = {cid: keep_largest(m, fg) for cid, m in maps.items()}
+    s = score(trial, refs, classes)
+    use_fg = s.mean > base.mean
+    steps = [{"step": "foreground largest component", "dice_mean_before": base.mean,
+              "dice_mean_after": s.mean, "kept": use_fg}]  # fmt: skip
+    if use_fg:
+        maps, base = trial, s
+    kept = []
+    for name, vals in values.items():
+        if name not in base.per_class:
+            continue
+        trial = {cid: keep_largest(m, vals) for cid, m in maps.items()}
+        s = score(trial, refs, classes)
+        raised = s.per_class[name] > base.per_class[name]
+        steps.append({"step": f"{name} largest component", "dice_before": base.per_class[name],
+                      "dice_after": s.per_class[name], "kept": raised})  # fmt: skip
+        if raised:
+            maps, base = trial, s
+            kept.append(name)
+    return {"foreground_largest_component": use_fg, "largest_component_classes": kept,
+            "dice_mean_after": base.mean, "per_class_after": base.per_class,
+            "steps": steps}  # fmt: skip

@@ -20,7 +20,7 @@ import torch
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.tracing import deviation, refuse_deviation, trace_saved
-from voxjet.volumes.models import load_trained
+from voxjet.volumes.networks.models import load_trained
 from voxjet.volumes.plan.plan_file import Plan
 
 

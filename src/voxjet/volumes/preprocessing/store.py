@@ -22,7 +22,7 @@ from voxjet.io.remote import ReadOptions, RemoteFiles, read_json_at
 # 5: image and label may be blosc2 frames (storage: blosc2; 4 files stay readable);
 # 4: image and label uncompressed with a CRC32 a slab (storage: mapped) or in half-patch
 # chunks; 3: the original label kept for metrics in the original space; 2: a fletcher32
-# checksum a chunk (1: none); written by voxjet.volumes.preprocess
+# checksum a chunk (1: none); written by voxjet.volumes.preprocessing.preprocess
 CASE_FORMAT = 5
 READABLE_CASE_FORMATS = (4, 5)
 
@@ -53,8 +53,8 @@ class CaseStore:
         sizes: dict[str, int] | None = None,
         previous=None,
     ) -> None:
-        # the cascade's previous stage (voxjet.volumes.cascade.PreviousStage): its channels
-        # are read as the image's last ones (its `joined`)
+        # the cascade's previous stage (voxjet.volumes.inference.cascade.PreviousStage): its
+        # channels are read as the image's last ones (its `joined`)
         self.previous = previous
         # a folder, or an fsspec URL: remote case files are fetched whole in concurrent ranges
         # on first use and kept in memory as stored (compressed); stage datasets bigger than RAM

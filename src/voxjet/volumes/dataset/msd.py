@@ -12,7 +12,7 @@ from pathlib import Path
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import read_json
-from voxjet.volumes.images import ENDINGS, ending_of
+from voxjet.volumes.dataset.images import ENDINGS, ending_of
 
 # nnU-Net's normalisation schemes, by a channel's name in channel_names / modality
 NORMALIZATIONS = ("ct", "zscore", "rescale_to_0_1", "none")

@@ -15,8 +15,8 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
-from voxjet.volumes.cases import read_label
-from voxjet.volumes.msd import load_dataset
+from voxjet.volumes.dataset.cases import read_label
+from voxjet.volumes.dataset.msd import load_dataset
 
 
 def parse_map(pairs: list[str]) -> dict[int, int]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from voxjet.errors import VoxjetError
-from voxjet.volumes.msd import MSDDataset
-from voxjet.volumes.settings import VolumePrepConfig
+from voxjet.volumes.dataset.msd import MSDDataset
+from voxjet.volumes.dataset.settings import VolumePrepConfig
 
 
 def split_cases(case_ids: list[str], cfg: VolumePrepConfig, ds: MSDDataset) -> dict:

@@ -1,8 +1,8 @@
 """Whole-case prediction by sliding window with Gaussian weighting (MONAI's windows, streamed
-slab by slab: voxjet.volumes.sliding_window), optionally mirrored window by window (nnU-Net's
-way) and averaged over several models (a cross-validation's folds); label maps straight from
-each finished slab's logits, class probabilities (softmax) or region probabilities (sigmoid, for
-region-based labels, composed into a label map in the dataset's regions_class_order, as nnU-Net
+slab by slab: voxjet.volumes.inference.sliding_window), optionally mirrored window by window
+(nnU-Net's way) and averaged over several models (a cross-validation's folds); label maps straight
+from each finished slab's logits, class probabilities (softmax) or region probabilities (sigmoid,
+for region-based labels, composed into a label map in the dataset's regions_class_order, as nnU-Net
 does) only where asked for. No buffer of every class's logits for the whole case is held."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from voxjet.errors import VoxjetError
+from voxjet.volumes.inference.sliding_window import stream_slabs
 from voxjet.volumes.plan.plan_file import LabelSet, Plan
-from voxjet.volumes.sliding_window import stream_slabs
 
 
 def mirror_axes(patch_size: list[int], mirror: bool) -> list[tuple[int, ...]]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from voxjet.io.atomic import atomic_path, temporary_name
-from voxjet.volumes.geometry import from_ras, zoom_to
+from voxjet.volumes.dataset.geometry import from_ras, zoom_to
 
 NIFTI1_DATA_OFFSET = 352  # a single-file NIfTI-1's header and empty extension flag
 

@@ -25,18 +25,18 @@ from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import train
 from voxjet.training.task import TrainSettings
-from voxjet.volumes.augment import augment_batch, params_of
-from voxjet.volumes.cascade import PreviousStage
-from voxjet.volumes.inference import Windows, segment_image
-from voxjet.volumes.metrics import class_means, dice, mean_of, nanmean
-from voxjet.volumes.models import build_seg_model
-from voxjet.volumes.patches import PatchBatches, PatchSampler
+from voxjet.volumes.dataset.splits import fold_splits
+from voxjet.volumes.evaluation.metrics import class_means, dice, mean_of, nanmean
+from voxjet.volumes.inference.cascade import PreviousStage
+from voxjet.volumes.inference.segment import Windows, segment_image
+from voxjet.volumes.networks.models import build_seg_model
+from voxjet.volumes.networks.unet_stages import split_network
 from voxjet.volumes.plan.memory import estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan, read_configured
 from voxjet.volumes.plan.sizing import check_model_against_plan
-from voxjet.volumes.splits import fold_splits
-from voxjet.volumes.store import CaseStore, case_sizes, read_case_arrays
-from voxjet.volumes.unet_stages import split_network
+from voxjet.volumes.preprocessing.store import CaseStore, case_sizes, read_case_arrays
+from voxjet.volumes.training.augment import augment_batch, params_of
+from voxjet.volumes.training.patches import PatchBatches, PatchSampler
 
 
 def region_targets(label: torch.Tensor, plan: Plan) -> torch.Tensor:

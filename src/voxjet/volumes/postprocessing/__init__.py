@@ -1,0 +1,1 @@
+"""nnU-Net's post-processing applied to a label map (keeping the largest connected components)."""

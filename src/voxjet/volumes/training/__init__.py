@@ -1,0 +1,1 @@
+"""Patch training: patches and augmentation, the segmentation task of the shared loop."""

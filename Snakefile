@@ -39,6 +39,13 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/predict.smk"
 
 
+onstart:
+    # job arrays stall when a rule has more jobs than may be in flight (voxjet.workflow.graph)
+    G.check_arrays(
+        getattr(workflow.executor_settings, "array_jobs", None), workflow.resource_settings.nodes
+    )
+
+
 onerror:
     # each failed job's voxjet message, last on the console (below logs and tracebacks)
     for line in failure_summary(log):

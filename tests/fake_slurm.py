@@ -136,25 +136,34 @@ def sbatch(argv: list[str]) -> int:
         script = f"#!/bin/sh\n{wrap}\n"
     job = _next_id()
     nodes = int(opts.get("--nodes", "1"))
-    out = opts.get("--output", f"slurm-{job}.out").replace("%j", job)
     workdir = opts.get("--chdir", os.getcwd())
-    record = {
-        "id": job,
-        "name": opts.get("--job-name", ""),
-        "state": "PENDING",
-        "nodes": list(NODE_NAMES[:nodes]),
-        "time_limit_min": _minutes(opts["--time"]) if "--time" in opts else None,
-        "start": time.time(),
-        "script": script,
-        "output": str(Path(workdir) / out),
-        "workdir": workdir,
-        "gpus": opts.get("--gpus", ""),
-        "comment": opts.get("--comment", ""),
-    }
-    _save(record)
-    # a detached runner plays slurmd: it runs the script and records how it ended
+    # a job array (--array=1-200): one job a task, `<job>_<task>`, the task's number in its
+    # environment (what snakemake-executor-plugin-slurm-jobstep picks the task's command by)
+    first, _, last = opts.get("--array", "").partition("-")
+    tasks = list(range(int(first), int(last or first) + 1)) if first else [None]
+    ids = [job if t is None else f"{job}_{t}" for t in tasks]
+    for task, task_id in zip(tasks, ids, strict=True):
+        out = opts.get("--output", f"slurm-{job}.out").replace("%A", job).replace("%j", job)
+        out = out.replace("%a", str(task)) if task is not None else out
+        _save({
+            "id": task_id,
+            "name": opts.get("--job-name", ""),
+            "state": "PENDING",
+            "nodes": list(NODE_NAMES[:nodes]),
+            "time_limit_min": _minutes(opts["--time"]) if "--time" in opts else None,
+            "start": time.time(),
+            "script": script,
+            "output": str(Path(workdir) / out),
+            "workdir": workdir,
+            "gpus": opts.get("--gpus", ""),
+            "comment": opts.get("--comment", ""),
+            "array": None if task is None else {"job": job, "task": task, "min": tasks[0],
+                                                "max": tasks[-1], "count": len(tasks)},
+        })  # fmt: skip
+    # a detached runner plays slurmd: it runs the script (each task of an array, a few at a
+    # time, as a cluster's free nodes would) and records how each ended
     subprocess.Popen(
-        [sys.executable, __file__, "_run", job],
+        [sys.executable, __file__, "_run", *ids],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -173,9 +182,24 @@ def _node_tmp(job_id: str, node: str) -> Path:
     return path
 
 
+def _run_all(job_ids: list[str]) -> int:
+    """Run one job, or an array's tasks at most FAKE_SLURM_ARRAY_PARALLEL (4) at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    parallel = int(os.environ.get("FAKE_SLURM_ARRAY_PARALLEL", "4"))
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(job_ids)))) as pool:
+        list(pool.map(_run, job_ids))
+    return 0
+
+
 def _run(job_id: str) -> int:
     job = _job(job_id)
     env = dict(os.environ)
+    if job.get("array"):
+        a = job["array"]
+        env.update(SLURM_ARRAY_JOB_ID=a["job"], SLURM_ARRAY_TASK_ID=str(a["task"]),
+                   SLURM_ARRAY_TASK_MIN=str(a["min"]), SLURM_ARRAY_TASK_MAX=str(a["max"]),
+                   SLURM_ARRAY_TASK_COUNT=str(a["count"]), SLURM_ARRAY_TASK_STEP="1")  # fmt: skip
     env.update(
         {
             "SLURM_JOB_ID": job_id,
@@ -296,8 +320,8 @@ def scontrol(argv: list[str]) -> int:
 
 def scancel(argv: list[str]) -> int:
     for a in argv:
-        if a.isdigit() and (_jobs_dir() / f"{a}.json").exists():
-            job = _job(a)
+        # a job, an array task (<job>_<task>), or every task of an array (<job>)
+        for job in [j for j in _all_jobs() if j["id"] == a or j["id"].startswith(f"{a}_")]:
             job["state"] = "CANCELLED"
             _save(job)
             if job.get("pid"):
@@ -384,7 +408,7 @@ def sinfo(argv: list[str]) -> int:
 def main(cmd: str, argv: list[str]) -> None:
     """Entry point of every fake command."""
     if cmd == "_run":
-        sys.exit(_run(argv[0]))
+        sys.exit(_run_all(argv))
     _record(cmd, argv)
     handler = globals()[cmd]
     sys.exit(handler(argv))

@@ -1,64 +1,24 @@
-"""What SLURM gets for each job of a dry run: the jobs a `snakemake -n -p` listing shows, and the
-sbatch options snakemake-executor-plugin-slurm's own command construction makes of them."""
+"""What SLURM gets for each job of a dry run, as the tests read it: the jobs a `snakemake -n -p`
+listing shows and the sbatch options snakemake-executor-plugin-slurm's own command
+construction makes of them (voxjet.workflow.submissions, what `voxjet submissions` prints)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-import shlex
-from types import SimpleNamespace
 
-from fake_slurm import options
-from snakemake_executor_plugin_slurm.submit_string import get_submit_command
-from snakemake_executor_plugin_slurm.utils import set_gres_string
-
-
-class _Resources(dict):
-    def __getattr__(self, key):
-        try:
-            return self[key]
-        except KeyError as e:
-            raise AttributeError(key) from e
-
-
-def _value(text: str):
-    return int(text) if re.fullmatch(r"-?\d+", text) else text
+from voxjet.workflow.submissions import DryJob, sbatch_options
+from voxjet.workflow.submissions import dry_jobs as _dry_jobs
 
 
 def dry_jobs(stdout: str) -> list[dict]:
     """Each job of a `snakemake -n -p` listing: rule, wildcards, threads, resources, command."""
-    jobs, job = [], None
-    for line in stdout.splitlines():
-        s = line.strip()
-        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):$", s)
-        if m:
-            job = {"rule": m[1], "threads": 1, "resources": {}, "wildcards": "", "shell": ""}
-            jobs.append(job)
-        elif job is None:
-            continue
-        elif s.startswith("threads:"):
-            job["threads"] = int(s.split(":", 1)[1])
-        elif s.startswith("wildcards:"):
-            job["wildcards"] = s.split(":", 1)[1].strip()
-        elif s.startswith("resources:"):
-            for item in s.split(":", 1)[1].split(","):
-                k, _, v = item.strip().partition("=")
-                if v and "<TBD>" not in v:
-                    job["resources"][k] = _value(v)
-        elif s.startswith("Shell command:"):
-            job["shell"] = s.split(":", 1)[1].strip()
-    return [j for j in jobs if j["rule"] != "all"]
+    return [dataclasses.asdict(j) for j in _dry_jobs(stdout)]
 
 
 def sbatch_of(job: dict) -> dict[str, str]:
     """The sbatch options the plugin's command construction gives this job."""
-    res = _Resources(job["resources"])
-    fake = SimpleNamespace(resources=res, threads=job["threads"], name=job["rule"])
-    params = {"run_uuid": "u", "slurm_logfile": "l/%j.log", "comment_str": f"rule_{job['rule']}",
-              "account": f" -A {res['slurm_account']}" if res.get("slurm_account") else "",
-              "partition": f" -p {res['slurm_partition']}" if res.get("slurm_partition") else "",
-              "workdir": "."}  # fmt: skip
-    call = get_submit_command(fake, params) + set_gres_string(fake)
-    return options(shlex.split(call)[1:])  # read as the fake sbatch reads what it is given
+    return sbatch_options(DryJob(**job))
 
 
 def command_threads(job: dict) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -19,14 +20,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO, copy_workflow, merge_config, run_snakemake, write_config
+from conftest import (
+    REPO,
+    copy_workflow,
+    merge_config,
+    run_snakemake,
+    snakemake_env,
+    write_config,
+)
 from readme import README
 from slurm_jobs import command_threads, dry_jobs, sbatch_of
 
 
 def readme_site() -> dict:
     """The `site:` example README's cluster section shows (the set-ups below use it)."""
-    section = (REPO / "README.md").read_text().split("## Run on a SLURM cluster")[1]
+    section = (REPO / "README.md").read_text().split("## Run on a cluster: SLURM or HTCondor")[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)[1]
     return yaml.safe_load(block)["site"]
 
@@ -63,7 +71,7 @@ def setups(demo: dict, tmp: Path) -> dict[str, tuple[dict, dict]]:
         ),  # fmt: skip
         "two_node": (
             two_node,
-            {("train_jets", "part"): 8, ("evaluate_jets", "part"): 8, ("plan_runs", ""): 2},
+            {("train_jets", "part"): 4, ("evaluate_jets", "part"): 4, ("plan_runs", ""): 2},
         ),  # fmt: skip
         "seg_cv": (
             cv,
@@ -125,9 +133,14 @@ def test_every_job_asks_slurm_for_what_it_uses(name, tmp_path, demo_config):
         want = expected_gpus(job, gpus)
         where = (name, job["rule"], job["wildcards"])
         assert opts["--account"] == "proj42", where
+        nodes = job["resources"].get("nodes", 1)
         if want:
             seen[job["rule"]] += 1
-            assert opts["--partition"] == "gpu" and opts.get("--gpus") == f"a100:{want}", where
+            assert opts["--partition"] == "gpu", where
+            if nodes == 1:
+                assert opts.get("--gpus") == f"a100:{want}" and "--gres" not in opts, where
+            else:  # GPUs a node: --gpus is the job's total, which SLURM may spread unevenly
+                assert opts.get("--gres") == f"gpu:a100:{want}" and "--gpus" not in opts, where
             assert "--ntasks-per-gpu" not in opts, where  # one task a node, not one a GPU
         else:
             assert opts["--partition"] == "cpu", where
@@ -139,7 +152,6 @@ def test_every_job_asks_slurm_for_what_it_uses(name, tmp_path, demo_config):
             experiment = _experiment_of(job, cfg)
             launch = cfg["experiments"].get(experiment, {}).get("launch", {})
             assert threads == launch.get("threads", 2), where
-        nodes = job["resources"].get("nodes", 1)
         if nodes > 1:
             assert (opts["--nodes"], opts["--ntasks"]) == (str(nodes), str(nodes)), where
     assert {rule for rule, _ in gpus} <= set(seen), (name, seen)
@@ -155,6 +167,25 @@ def test_the_dry_run_prints_the_threads_of_the_job_whatever_the_login_node(tmp_p
             and _run_of(j).startswith("pfn_lr")]  # fmt: skip
     assert jobs and all(command_threads(j) == 32 for j in jobs)
     assert all(sbatch_of(j)["--cpus-per-task"] == "32" for j in jobs)
+
+
+def test_the_submissions_are_shown_before_any_is_made(tmp_path, demo_config):
+    """README's `voxjet submissions`: for every job of the planned run, the sbatch command the
+    plugin builds; the shard parts and the cases marked as one array each; nothing submitted."""
+    wf = copy_workflow(tmp_path / "wf")
+    write_config(wf / "config" / "config.yaml", merge_config(demo_config, {"site": SITE}))
+    r = subprocess.run(README["submissions"], cwd=wf, env=snakemake_env(), capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    heads = [ln for ln in lines if ln.startswith("rule ")]
+    sbatch = [ln.strip() for ln in lines if ln.startswith("  sbatch ")]
+    assert len(heads) == len(sbatch) == 42, (len(heads), len(sbatch))
+    train = next(i for i, ln in enumerate(lines) if ln.startswith("rule train_jets (dataset="))
+    assert "-p cpu" in lines[train + 1] and "--cpus-per-task=2" in lines[train + 1]
+    arrays = [ln for ln in sbatch if "job array" in ln]
+    assert len(arrays) == 2 + 16 and all("-p cpu" in ln for ln in arrays)
+    assert not (wf / "results").exists()
 
 
 # ---- README's table of what the jobs ask for ---------------------------------------------------

@@ -317,3 +317,43 @@ def test_numbers_written_as_ml_code_writes_them_become_numbers(demo_config):
     assert cfg["experiments"]["pfn"]["train"]["lr"] == 0.0005
     assert cfg["experiments"]["pfn"]["train"]["steps"] == 1000
     assert isinstance(cfg["experiments"]["pfn"]["train"]["steps"], int)
+
+
+@pytest.mark.parametrize(
+    "launch,site,match",
+    [
+        ({"gpus": 8}, {"gpus_per_node": 4},
+         r"launch\.gpus': 8 GPUs a node, but site\.gpus_per_node is 4.*launch\.nodes"),
+        ({"gpus": 0, "threads": 64}, {"cores_per_node": 32},
+         r"launch\.threads': 64 cores a node, but site\.cores_per_node is 32"),
+        ({"gpus": 1, "mem_mb": 900000}, {"mem_mb_per_node": 512000},
+         r"launch\.mem_mb': 900000 MB of memory a node, but site\.mem_mb_per_node is 512000"),
+    ],
+)  # fmt: skip
+def test_a_launch_larger_than_a_node_is_refused_naming_both_keys(demo_config, launch, site,
+                                                                 match):  # fmt: skip
+    bad = copy.deepcopy(demo_config)
+    bad["experiments"]["part"]["launch"] = launch
+    bad["site"] = site
+    with pytest.raises(VoxjetError, match=match):
+        check_config(bad, SCHEMA)
+    # spread over two nodes, the same GPUs fit
+    if "gpus_per_node" in site:
+        bad["experiments"]["part"]["launch"] = {"gpus": 4, "nodes": 2}
+        check_config(bad, SCHEMA)
+
+
+def test_gpus_a_node_are_asked_per_node_across_nodes_with_the_sites_model():
+    from voxjet.config import Launch, SlurmSite
+
+    site = SlurmSite(gpu_partition="gpu", cpu_partition="cpu", gpu_model="a100")
+    one = Launch(gpus=4, threads=8).resources(site)
+    assert (one["gpu"], one["gpu_model"], one["gres"]) == (4, "a100", None)
+    two = Launch(gpus=4, nodes=2, threads=8).resources(site)
+    assert (two["gpu"], two["gpu_model"], two["gres"]) == (None, None, "gpu:a100:4")
+    assert (two["nodes"], two["tasks"], two["tasks_per_gpu"], two["mpi"]) == (2, 2, 0, "srun")
+    assert two["request_gpus"] == 4 and two["classad_MaxRuntime"] == 120 * 60
+    assert Launch(gpus=2, nodes=2).resources(SlurmSite())["gres"] == "gpu:2"
+    cpu = Launch(gpus=0, mem_mb=3000).resources(site)
+    assert cpu["slurm_partition"] == "cpu" and cpu["request_gpus"] is None
+    assert cpu["htcondor_request_mem_mb"] == cpu["mem_mb"] == 3000

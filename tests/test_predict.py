@@ -285,6 +285,25 @@ def test_a_case_larger_than_the_jobs_memory_is_refused_before_any_output(segment
     assert not (tmp_path / "out").exists()
 
 
+def test_a_whole_node_allocation_predicts_as_without_slurm(segmenter, tmp_path, monkeypatch):
+    """`sbatch --mem=0` (SLURM_MEM_PER_NODE=0: all of the node's memory) is no limit of 0 MB:
+    predict runs, to the same labels as outside SLURM."""
+    import nibabel as nib
+
+    from voxjet.predict import run_predict
+    from voxjet.volumes.inference.case_memory import memory_limit
+
+    case = sorted((segmenter / "msd" / "imagesTs").glob("*.nii.gz"))[0]
+    model = str(segmenter / "run" / "model.pt")
+    run_predict(model, [str(case)], str(tmp_path / "plain"))
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "0")
+    monkeypatch.setenv("SLURM_MEM_PER_CPU", "0")
+    assert memory_limit()[0] > 1 << 20 and "SLURM" not in memory_limit()[1]
+    run_predict(model, [str(case)], str(tmp_path / "whole"))
+    (plain,), (whole,) = (sorted((tmp_path / d).rglob("*.nii.gz")) for d in ("plain", "whole"))
+    assert (nib.load(plain).get_fdata() == nib.load(whole).get_fdata()).all()
+
+
 def test_monai_bundle_runs_through_monais_runner_and_matches_predict(segmenter, tmp_path):
     from voxjet.export import export_model
     from voxjet.predict import run_predict

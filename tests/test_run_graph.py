@@ -123,7 +123,7 @@ def test_auto_gpus_follow_the_plan_once_it_exists(in_tmp, shards):
     Path("results/plan").mkdir(parents=True)
     Path(paths.RUN_PLAN).write_text(json.dumps({"allocation": {"choice": 8}}))
     launch = g.launch("pfn")
-    assert (launch.gpus, launch.nodes, g.run_resources("pfn")["gpu"]) == (4, 2, 8)
+    assert (launch.gpus, launch.nodes, g.run_resources("pfn")["gres"]) == (4, 2, "gpu:4")
     # prepared data is no file of the workflow's: nothing to wait for
     assert g.data_input("p", paths.SHARD_INDEX) == [] and g.plan_inputs() == []
 

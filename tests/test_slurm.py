@@ -193,9 +193,9 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     """The environment with a global Snakemake profile that polls the fake SLURM every second
     (the README's command line then runs as written, with the workflow profile beside it)."""
     prof = tmp_path / "speedy-profile"
-    prof.mkdir()
+    prof.mkdir(parents=True)
     (prof / "config.yaml").write_text(
-        "slurm-init-seconds-before-status-checks: 1\nseconds-between-status-checks: 1\njobs: 2\n"
+        "slurm-init-seconds-before-status-checks: 1\nseconds-between-status-checks: 1\n"
     )
     return {**env, "SNAKEMAKE_PROFILE": str(prof)}
 
@@ -214,15 +214,12 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
         opts = options(argv)
         submitted.setdefault(opts["--comment"].split("_wildcards_")[0], []).append(opts)
     # the dry run was the submission: what each rule's jobs asked for, as the dry run printed it
-    # (grouped preprocessing goes as one submission of its own)
     keys = ("--partition", "--cpus-per-task", "--gpus", "--nodes", "--ntasks", "--mem", "--time")
     printed = defaultdict(set)
     for job in dry_jobs(dry.stdout):
         printed[f"rule_{job['rule']}"].add(tuple(sbatch_of(job).get(k) for k in keys))
     for rule, jobs in submitted.items():
-        single = [o for o in jobs if "group_" not in o["--output"]]
-        if single:
-            assert {tuple(o.get(k) for k in keys) for o in single} == printed[rule], rule
+        assert {tuple(o.get(k) for k in keys) for o in jobs} == printed[rule], rule
     rules = {"rule_" + r for r in ("synth_jets", "stage", "shard_jets", "train_jets", "aggregate")}
     assert rules <= submitted.keys()
     for rule, jobs in submitted.items():
@@ -245,9 +242,9 @@ def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp
         "45",
         "6000",
     )
-    # the 5 per-case preprocessing jobs went as one grouped submission, not 5
-    assert "rule_preprocess_case" not in submitted
-    (group,) = [o for o in sum(submitted.values(), []) if "group_preprocess" in o["--output"]]
+    # the 5 per-case preprocessing jobs went as one job array of 5 tasks, not 5 submissions
+    (cases,) = submitted["rule_preprocess_case"]
+    assert cases["--array"] == "1-5"
     assert submitted["rule_train_seg"][0]["--partition"] == "cpu"
     # the 2-node run: the jobstep left it alone (no `srun -n1`), voxjet's srun started torchrun
     # (its evaluation runs on the experiment's processes too)
@@ -399,3 +396,39 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     steps = [r["step"] for r in a if "loss" in r]
     assert steps == sorted(set(steps))  # nothing logged twice across the resume
     assert a == b
+
+
+@pytest.mark.slow
+def test_many_shard_parts_go_to_slurm_as_job_arrays_and_all_finish(tmp_path, fake_slurm):
+    """200 shard parts (jets.shard_jobs) with the slurm profile as README runs it: four sbatch
+    calls of a 50-task array each (the profile's slurm-array-limit), a task a part, every part
+    written and indexed."""
+    from conftest import copy_workflow
+
+    from voxjet.jets.synth import ToyJetsConfig, generate_dataset
+
+    env, state = fake_slurm
+    wf = copy_workflow(tmp_path / "wf")
+    generate_dataset(wf / "src", ToyJetsConfig(classes=["QCD", "Wqq"], files_per_class=1,
+                     jets_per_file=1000, seed=3), progress=False)  # fmt: skip
+    jets = {"labels": ["label_QCD", "label_Wqq"], "max_particles": 8, "shard_jobs": 200}
+    cfg = {"datasets": {"j": {"domain": "jets", "source": {"path": "src"}, "jets": jets}},
+           "experiments": {"pfn": {"dataset": "j", "model": MODEL, "launch": {"gpus": 0}}}}  # fmt: skip
+    write_config(wf / "config" / "config.yaml", cfg)
+    r = run_snakemake(wf, *README["slurm-run"][1:], "--until", "index_jets",
+                      env=speedy(env, tmp_path), timeout=3000)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    shard = [options(a) for a in calls(state, "sbatch") if "rule_shard_jets" in " ".join(a)]
+    spans = [[int(x) for x in o["--array"].split("-")] for o in shard]
+    assert len(shard) == 4 and all(b - a + 1 == 50 for a, b in spans), spans
+    parts = sorted((wf / "results" / "j" / "shards").glob("part_*"))
+    assert len(parts) == 200
+    index = json.loads((wf / "results" / "j" / "shards" / "index.json").read_text())
+    assert sum(s["jets"] for s in index["splits"].values()) == 2000
+    # more array jobs than may be in flight: refused before any job, not a stalled run
+    refused = run_snakemake(wf, *README["slurm-run"][1:], "--jobs", "100", "--forceall",
+                            env=speedy(env, tmp_path / "again"))  # fmt: skip
+    assert refused.returncode != 0
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("voxjet: shard_jets has 200 jobs, submitted as SLURM job arrays, but "
+                           "at most 100"), last  # fmt: skip

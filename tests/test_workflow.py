@@ -290,7 +290,7 @@ def test_a_sweep_on_auto_gpus_follows_the_planners_allocation(workflow_dir, shar
     train = [b for b in after.stdout.split("\nrule ") if b.startswith("train_jets")]
     assert len(train) == 8
     for b in train:
-        assert "gpu=8" in b and "-- launch --gpus 4 --cpu-processes 1 --nodes 2" in b, b
+        assert "gres=gpu:4" in b and "-- launch --gpus 4 --cpu-processes 1 --nodes 2" in b, b
     del cfg["site"]["gpu_budget"]
     refused = run_snakemake(workflow_dir, "-n", "--configfile",
                             str(write_config(tmp_path / "nobudget.yaml", cfg)),

@@ -307,6 +307,19 @@ def _args_stage(s: argparse.ArgumentParser) -> None:
     s.add_argument("--retries", type=int, default=3, help="tries a file before giving up")
 
 
+def _args_submissions(s: argparse.ArgumentParser) -> None:
+    s.epilog = ("Every other argument is snakemake's, a cluster profile among them: "
+                "--workflow-profile workflow/profiles/slurm (or .../htcondor)")  # fmt: skip
+    s.set_defaults(passes_on=True)
+
+
+def _submissions(a: argparse.Namespace) -> None:
+    from voxjet.workflow.submissions import preview
+
+    for line in preview(a.unknown):
+        print(line)
+
+
 def _args_verify_sources(s: argparse.ArgumentParser) -> None:
     s.add_argument("--source", required=True, help="the local source folder or glob staged")
     s.add_argument("--dest", required=True, help="the staging folder (its ledger is updated)")
@@ -655,6 +668,13 @@ COMMANDS = (
         _aggregate,
     ),  # fmt: skip
     Command(
+        "submissions",
+        "what the cluster gets for each job of a planned run (the sbatch command, or the "
+        "HTCondor submit description), made with the executor plugins' own code",
+        _args_submissions,
+        _submissions,
+    ),  # fmt: skip
+    Command(
         "plan-runs",
         "profile each run on one device, predict its step time at each "
         "size, allocate a sweep to a GPU budget",
@@ -680,7 +700,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run a subcommand; user errors print one clear line and exit 2."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "passes_on", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.unknown = unknown
     from voxjet.distributed.lifeline import die_with_parent, under_launcher
 
     if under_launcher():  # a torchrun worker: never outlive the agent (a SIGKILLed job)

@@ -78,6 +78,7 @@ def check_config(
         _check_model_fits_dataset(name, exp, config["datasets"][exp["dataset"]],
                                   config["experiments"])  # fmt: skip
         _check_scaling(name, exp, config.get("site") or {})
+        _check_launch_fits(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
         _check_model_inputs(name, exp, config["datasets"][exp["dataset"]], jets)
     return jets
@@ -114,6 +115,27 @@ def _check_preset_memory(name: str, volumes: Mapping[str, Any]) -> None:
             f"plan {preset} (its smallest network, an 8×8×8 patch, needs {floor:.2g} GB by the "
             "preset's reference); raise it, or null for the preset's own target"
         )
+
+
+def _check_launch_fits(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -> None:
+    """A launch asks no more GPUs, cores or memory a node than the site's nodes have: a job
+    asking more waits in the queue for ever or is refused by sbatch, hours after submission."""
+    launch = launch_of(exp)
+    where = f"config key 'experiments.{name}.launch"
+    asks = [("gpus", None if launch.auto else launch.per_node if launch.on_gpus else 0,
+             "gpus_per_node", "GPUs", "spread them over more nodes (launch.nodes)"),
+            ("threads", launch.threads, "cores_per_node", "cores",
+             "its processes share the job's threads"),
+            ("mem_mb", launch.mem_mb, "mem_mb_per_node", "MB of memory",
+             "a job's memory is each node's")]  # fmt: skip
+    for key, asked, site_key, what, fix in asks:
+        has = site.get(site_key)
+        if asked is not None and has is not None and asked > has:
+            raise VoxjetError(
+                f"{where}.{key}': {asked} {what} a node, but site.{site_key} is {has}: no "
+                f"node could run the job. Ask at most {has} ({fix}), or correct "
+                f"site.{site_key}"
+            )
 
 
 def _check_auto(name: str, exp: Mapping[str, Any], site: Mapping[str, Any]) -> None:
@@ -308,21 +330,37 @@ class SlurmSite:
         """The site of a (validated) config."""
         return cls(**((config.get("site") or {}).get("slurm") or {}))
 
-    def resources(self, gpus: int) -> dict[str, Any]:
-        """Where a job of `gpus` GPUs goes and what it asks for: partition, account, the GPUs
-        (with the site's model) — None where the site or the job says nothing."""
+    def resources(self, gpus: int, nodes: int = 1) -> dict[str, Any]:
+        """Where a job of `gpus` GPUs a node on `nodes` nodes goes and what it asks for:
+        partition, account and the GPUs (with the site's model) — None where the site or the
+        job says nothing. One node asks `--gpus`; several ask their GPUs a node (`--gres`:
+        `--gpus` is the job's total, which SLURM may spread 5 and 3 over two nodes). HTCondor
+        asks `request_gpus` (a job is one machine)."""
+        model = self.gpu_model if gpus else None
+        gres = f"gpu:{model}:{gpus}" if model else f"gpu:{gpus}"
         return {
             "slurm_account": self.account,
             "slurm_partition": self.gpu_partition if gpus else self.cpu_partition,
-            "gpu": gpus or None,
-            "gpu_model": self.gpu_model if gpus else None,
+            "gpu": (gpus or None) if nodes == 1 else None,
+            "gpu_model": model if nodes == 1 else None,
+            "gres": gres if gpus and nodes > 1 else None,
             # GPU jobs: one task a node (torchrun starts a process a GPU), not one a GPU
             "tasks_per_gpu": 0 if gpus else None,
+            "request_gpus": gpus or None,
         }
 
 
-RESOURCE_KEYS = ("slurm_account", "slurm_partition", "gpu", "gpu_model", "tasks_per_gpu",
-                 "cpus_per_task", "nodes", "tasks", "mpi", "mem_mb", "runtime")  # fmt: skip
+def job_needs(mem_mb: int, runtime: int) -> dict[str, Any]:
+    """A job's memory (MB) and time limit (minutes) in the names Snakemake's SLURM and HTCondor
+    executors read: mem_mb and runtime; htcondor_request_mem_mb and the classad MaxRuntime in
+    seconds (CERN's batch enforces it)."""
+    return {"mem_mb": mem_mb, "runtime": runtime, "htcondor_request_mem_mb": mem_mb,
+            "classad_MaxRuntime": 60 * runtime}  # fmt: skip
+
+
+RESOURCE_KEYS = ("slurm_account", "slurm_partition", "gpu", "gpu_model", "gres", "tasks_per_gpu",
+                 "request_gpus", "cpus_per_task", "nodes", "tasks", "mpi", "mem_mb", "runtime",
+                 "htcondor_request_mem_mb", "classad_MaxRuntime")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -370,19 +408,18 @@ class Launch:
         return dataclasses.replace(self, gpus=min(choice, per_node), nodes=-(-choice // per_node))
 
     def resources(self, site: SlurmSite) -> dict[str, Any]:
-        """The job's resources as snakemake-executor-plugin-slurm reads them (None: not asked
-        for): its partition and GPUs by what it uses, as many CPUs as its command's threads,
-        one task a node; local runs read `gpu`, `mem_mb` and `runtime`."""
+        """The job's resources as snakemake-executor-plugin-slurm and -htcondor read them (None:
+        not asked for): its partition and GPUs by what it uses, as many CPUs as its command's
+        threads, one task a node; local runs read `gpu`, `mem_mb` and `runtime`."""
         return {
-            **site.resources(self.total_gpus),
+            **site.resources(self.per_node if self.on_gpus else 0, self.nodes),
             "cpus_per_task": self.threads,  # the command's --threads, on every node
             "nodes": self.nodes,
             "tasks": self.nodes,  # one torchrun a node
             # a multi-node job starts its own `srun` (one torchrun a node), so the jobstep runs
             # the rule as it is instead of inside `srun -n1`; the plugin reads that from `mpi`
             "mpi": "srun" if self.nodes > 1 else None,
-            "mem_mb": self.mem_mb,
-            "runtime": self.runtime,
+            **job_needs(self.mem_mb, self.runtime),
         }
 
     def args(self) -> str:

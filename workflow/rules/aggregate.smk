@@ -15,9 +15,7 @@ rule list_runs:
     localrule: True
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=1000, runtime=5),
     conda:
         ENV
     script:
@@ -59,9 +57,7 @@ rule aggregate:
         "results/benchmarks/aggregate/aggregate.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=2000, runtime=10),
     conda:
         ENV
     shell:

@@ -73,7 +73,6 @@ def prediction_launch(wildcards):
     return G.prediction_launch(wildcards.name)
 
 
-CPU_RESOURCES = G.cpu_resources()
 RUN_RESOURCES = resource_functions(lambda wildcards: G.run_resources(wildcards.run))
 PREDICT_RESOURCES = resource_functions(
     lambda wildcards: G.prediction_launch(wildcards.name).resources(G.site)

@@ -169,9 +169,7 @@ rule find_best:
         dataset=one_of(G.best_datasets()),
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=4000, runtime=60),
     conda:
         ENV
     shell:

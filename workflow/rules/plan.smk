@@ -21,9 +21,7 @@ rule plan_runs:
     # each profile runs with the threads one of its run's processes trains with
     threads: G.planner_threads()
     resources:
-        mem_mb=8000,
-        runtime=30,
-        **G.planner_resources(),
+        **G.planner_job(mem_mb=8000, runtime=30),
     conda:
         ENV
     script:

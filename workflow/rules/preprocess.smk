@@ -28,9 +28,7 @@ rule plan_volumes:
         dataset=one_of(G.datasets_of("volumes")),
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=8000, runtime=120),
     conda:
         ENV
     shell:
@@ -57,14 +55,9 @@ rule preprocess_case:
         dataset=one_of(G.datasets_of("volumes")),
         cases=one_of(CONFIGURATION_OF_CASES),
         case="[A-Za-z0-9_.+-]+",
-    # on a cluster, `--group-components preprocess=N` (the slurm profile) runs N cases a job
-    group:
-        "preprocess"
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=30,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=8000, runtime=30),
     conda:
         ENV
     shell:
@@ -95,9 +88,7 @@ rule gather_cases:
         cases=one_of(CONFIGURATION_OF_CASES),
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=10,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=1000, runtime=10),
     conda:
         ENV
     shell:

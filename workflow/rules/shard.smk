@@ -20,9 +20,7 @@ rule shard_jets:
         part=r"\d{4}",
     threads: 1
     resources:
-        mem_mb=8000,
-        runtime=120,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=8000, runtime=120),
     conda:
         ENV
     shell:
@@ -46,9 +44,7 @@ rule index_jets:
         dataset=one_of(G.datasets_of("jets")),
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=10,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=1000, runtime=10),
     conda:
         ENV
     shell:

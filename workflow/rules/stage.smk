@@ -23,9 +23,7 @@ rule stage:
         "results/benchmarks/stage/{dataset}.tsv"
     threads: 2
     resources:
-        mem_mb=2000,
-        runtime=240,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=2000, runtime=240),
     conda:
         ENV
     shell:
@@ -52,9 +50,7 @@ rule verify_sources:
         "results/benchmarks/verify_sources/{dataset}.tsv"
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=240,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=1000, runtime=240),
     conda:
         ENV
     shell:

@@ -15,9 +15,7 @@ rule synth_jets:
         dataset=one_of(G.datasets_of("jets")),
     threads: 2
     resources:
-        mem_mb=2000,
-        runtime=30,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=2000, runtime=30),
     conda:
         ENV
     shell:
@@ -37,9 +35,7 @@ rule synth_volumes:
         dataset=one_of(G.datasets_of("volumes")),
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
-        **CPU_RESOURCES,
+        **G.cpu_job(mem_mb=2000, runtime=30),
     conda:
         ENV
     shell:

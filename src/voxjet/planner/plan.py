@@ -51,6 +51,7 @@ class Site:
     latency_us: float = 10.0
     inter_latency_us: float = 20.0
     cores_per_node: int | None = None
+    mem_mb_per_node: int | None = None  # the dry run's check, not the planner's
     device_power_w: float | None = None
     # the queues' names (voxjet.config.SlurmSite), not the planner's
     slurm: dict = field(default_factory=dict)

@@ -28,6 +28,7 @@ from voxjet.config import (
     data_location,
     expand_runs,
     fold_runs,
+    job_needs,
     planner_gpus,
     planner_runs,
     planner_threads,
@@ -281,9 +282,11 @@ class Graph:
         """A run's job's resources (its launch's)."""
         return self.launch(run).resources(self.site)
 
-    def cpu_resources(self, gpus: int = 0) -> dict[str, Any]:
-        """Partition, account and GPUs of a job that is no run's (CPU unless `gpus`)."""
-        return {k: v for k, v in self.site.resources(gpus).items() if v is not None}
+    def cpu_job(self, mem_mb: int, runtime: int, gpus: int = 0) -> dict[str, Any]:
+        """The resources of a job that is no run's (CPU unless `gpus`): partition, account,
+        GPUs, its memory (MB) and time limit (minutes) in each executor's names."""
+        asks = {**self.site.resources(gpus), **job_needs(mem_mb, runtime)}
+        return {k: v for k, v in asks.items() if v is not None}
 
     def folds(self, name: str | None = None) -> list[Run]:
         """Runs trained as a fold of a cross-validation, of one dataset or all."""
@@ -377,9 +380,10 @@ class Graph:
         """The most threads any run's process trains with."""
         return planner_threads(self.runs)
 
-    def planner_resources(self) -> dict[str, Any]:
-        """The planner job's partition and GPUs (two when a run trains on several a node)."""
-        return self.cpu_resources(planner_gpus(self.runs, self.config["site"]["gpus_per_node"]))
+    def planner_job(self, mem_mb: int, runtime: int) -> dict[str, Any]:
+        """The planner job's resources (its GPUs: two when a run trains on several a node)."""
+        gpus = planner_gpus(self.runs, self.config["site"]["gpus_per_node"])
+        return self.cpu_job(mem_mb, runtime, gpus)
 
     # --- predictions ----------------------------------------------------------------------
     def prediction_targets(self) -> list[str]:
@@ -424,6 +428,33 @@ class Graph:
     def prediction_launch(self, name: str) -> Launch:
         """The launch of a prediction's jobs: its experiment's, on one node."""
         return dataclasses.replace(self.launch(self.predictions[name][0].run_id), nodes=1)
+
+    def job_counts(self) -> dict[str, int]:
+        """The jobs of the rules that have many alike ones (shard parts, preprocessed cases)."""
+        shards = sum(len(self.shard_parts(d)) for d in self.datasets_of("jets")
+                     if not self.prepared(d))  # fmt: skip
+        folders = {(r.dataset, r.cases_folder) for r in self.runs.values()
+                   if r.domain == "volumes" and not self.prepared(r.dataset)}  # fmt: skip
+        cases = sum(len(self.case_ids(d)) for d, _ in folders)
+        return {"shard_jets": shards, "preprocess_case": cases}
+
+    def check_arrays(self, array_rules: str | None, jobs: int | None) -> None:
+        """Refuse to start (voxjet's message, exit 1) when a rule submitted as SLURM job arrays
+        has more jobs than Snakemake keeps in flight: snakemake-executor-plugin-slurm 2.8
+        builds an array from the ready jobs it is handed together and never submits one handed
+        alone while others of its rule wait, so the run would stall."""
+        if not array_rules or not jobs:
+            return
+        chosen = {r.strip() for r in array_rules.replace(";", ",").split(",") if r.strip()}
+        for rule, n in self.job_counts().items():
+            if (rule in chosen or "all" in chosen) and n > jobs:
+                exit_with(VoxjetError(
+                    f"{rule} has {n} jobs, submitted as SLURM job arrays, but at most {jobs} "
+                    "jobs may be in flight (--jobs): the SLURM plugin would hold back the jobs "
+                    f"it is handed apart and the run would stall. Raise jobs to {n} or more "
+                    "(workflow/profiles/slurm sets 10000), or leave the rule out of "
+                    "slurm-array-jobs"
+                ))  # fmt: skip
 
     # --- job states -----------------------------------------------------------------------
     @staticmethod

@@ -93,8 +93,8 @@ def _cgroup_limit() -> int | None:
 
 def memory_limit() -> tuple[int, str]:
     """(bytes this job may use, where that number comes from): the SLURM allocation
-    (SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU × CPUs), the cgroup's limit, the machine's
-    available memory, whichever is smallest."""
+    (SLURM_MEM_PER_NODE, or SLURM_MEM_PER_CPU × CPUs; 0, the whole node, adds no limit), the
+    cgroup's limit, the machine's available memory, whichever is smallest."""
     import psutil
 
     limits = [(int(psutil.virtual_memory().available), "the memory available on this machine")]
@@ -103,9 +103,11 @@ def memory_limit() -> tuple[int, str]:
         limits.append((cgroup, "this job's cgroup memory limit"))
     per_node = os.environ.get("SLURM_MEM_PER_NODE")
     per_cpu, cpus = os.environ.get("SLURM_MEM_PER_CPU"), os.environ.get("SLURM_CPUS_ON_NODE")
-    if per_node and per_node.isdigit():
+    # `sbatch --mem=0` (SLURM_MEM_PER_NODE=0) asks for all of the node's memory: the cgroup's
+    # limit and the machine's memory above say how much that is
+    if per_node and per_node.isdigit() and int(per_node) > 0:
         limits.append((int(per_node) * 1024**2, f"the SLURM allocation ({per_node} MB a node)"))
-    elif per_cpu and per_cpu.isdigit() and cpus and cpus.isdigit():
+    elif per_cpu and per_cpu.isdigit() and int(per_cpu) > 0 and cpus and cpus.isdigit():
         limits.append((int(per_cpu) * int(cpus) * 1024**2,
                        f"the SLURM allocation ({per_cpu} MB × {cpus} CPUs)"))  # fmt: skip
     return min(limits)

@@ -412,8 +412,9 @@ def test_many_shard_parts_go_to_slurm_as_job_arrays_and_all_finish(tmp_path, fak
     generate_dataset(wf / "src", ToyJetsConfig(classes=["QCD", "Wqq"], files_per_class=1,
                      jets_per_file=1000, seed=3), progress=False)  # fmt: skip
     jets = {"labels": ["label_QCD", "label_Wqq"], "max_particles": 8, "shard_jobs": 200}
+    pfn = {"dataset": "j", "model": MODEL, "launch": {"gpus": 0}}
     cfg = {"datasets": {"j": {"domain": "jets", "source": {"path": "src"}, "jets": jets}},
-           "experiments": {"pfn": {"dataset": "j", "model": MODEL, "launch": {"gpus": 0}}}}  # fmt: skip
+           "experiments": {"pfn": pfn}}  # fmt: skip
     write_config(wf / "config" / "config.yaml", cfg)
     r = run_snakemake(wf, *README["slurm-run"][1:], "--until", "index_jets",
                       env=speedy(env, tmp_path), timeout=3000)  # fmt: skip

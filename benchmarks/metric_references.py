@@ -1,6 +1,7 @@
 """Reference values the metric tests compare with, recorded from the field's own code where it
 is installed (the bench venv): nnU-Net 2.8.1's `compute_metrics_on_folder` on the label maps of
-tests/seg_metric_cases.py (labels, and regions as nnU-Net scores region-based datasets), and its
+tests/seg_metric_cases.py (labels, regions as nnU-Net scores region-based datasets, and a
+sparsely annotated dataset scored with its `ignore_label`), Dice and IoU, and its
 `determine_fullres_target_spacing` on four kinds of dataset (isotropic, thick slices with few
 slices, thick slices with many, mixed spacings whose 10th percentile is finer than in-plane).
 `--record` writes them to tests/data/nnunet_metrics.json; without it, they are printed.
@@ -55,28 +56,33 @@ def _write(folder: Path, name: str, arr: np.ndarray, spacing) -> None:
 
 
 def nnunet_metrics() -> dict:
-    """nnU-Net's per-case metrics, means and foreground means for labels and for regions."""
+    """nnU-Net's per-case metrics, means and foreground means for labels, for regions, and
+    for labels with an ignore label."""
     from nnunetv2.evaluation.evaluate_predictions import compute_metrics_on_folder
     from nnunetv2.imageio.simpleitk_reader_writer import SimpleITKIO
-    from seg_metric_cases import REGIONS, SPACING, cases
+    from seg_metric_cases import IGNORE, REGIONS, SPACING, cases, ignore_cases
 
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        ref_dir, pred_dir = Path(tmp) / "ref", Path(tmp) / "pred"
-        for name, (ref, pred) in cases().items():
-            _write(ref_dir, name, ref, SPACING)
-            _write(pred_dir, name, pred, SPACING)
-        for kind, wanted in (("labels", [1, 2]),
-                             ("regions", [tuple(v) for v in REGIONS.values()])):  # fmt: skip
+    runs = (("labels", cases(), [1, 2], None),
+            ("regions", cases(), [tuple(v) for v in REGIONS.values()], None),
+            ("ignore", ignore_cases(), [1, 2], IGNORE))  # fmt: skip
+    for kind, maps, wanted, ignore in runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            ref_dir, pred_dir = Path(tmp) / "ref", Path(tmp) / "pred"
+            for name, (ref, pred) in maps.items():
+                _write(ref_dir, name, ref, SPACING)
+                _write(pred_dir, name, pred, SPACING)
             res = compute_metrics_on_folder(str(ref_dir), str(pred_dir), None, SimpleITKIO(),
-                                            ".nii.gz", wanted, num_processes=1)  # fmt: skip
-            keys = ("Dice", "TP", "FP", "FN", "n_ref", "n_pred")
-            per_case = {Path(r["reference_file"]).name.removesuffix(".nii.gz"):
-                        {str(k): {m: r["metrics"][k][m] for m in keys} for k in wanted}
-                        for r in res["metric_per_case"]}  # fmt: skip
-            out[kind] = {"per_case": per_case,
-                         "mean": {str(k): res["mean"][k]["Dice"] for k in wanted},
-                         "foreground_mean": res["foreground_mean"]["Dice"]}  # fmt: skip
+                                            ".nii.gz", wanted, ignore_label=ignore,
+                                            num_processes=1)  # fmt: skip
+        keys = ("Dice", "IoU", "TP", "FP", "FN", "n_ref", "n_pred")
+        per_case = {Path(r["reference_file"]).name.removesuffix(".nii.gz"):
+                    {str(k): {m: r["metrics"][k][m] for m in keys} for k in wanted}
+                    for r in res["metric_per_case"]}  # fmt: skip
+        out[kind] = {"per_case": per_case,
+                     "mean": {str(k): res["mean"][k]["Dice"] for k in wanted},
+                     "mean_iou": {str(k): res["mean"][k]["IoU"] for k in wanted},
+                     "foreground_mean": res["foreground_mean"]["Dice"]}  # fmt: skip
     return json.loads(json.dumps(out, default=float).replace("NaN", "null"))
 
 

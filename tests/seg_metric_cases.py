@@ -1,8 +1,9 @@
 """Label maps that exercise every branch of a segmentation metric's conventions, made without
 randomness so a reference implementation (nnU-Net's compute_metrics, recorded by
 benchmarks/metric_references.py) and voxjet score the same arrays: a missed lesion, a false
-positive lesion on a lesion-free case, a class empty in both, partial overlaps, and a region
-(organ + lesion) as nnU-Net's region-based datasets score it."""
+positive lesion on a lesion-free case, a class empty in both, partial overlaps, a region (organ
++ lesion) as nnU-Net's region-based datasets score it, and sparse annotations: the ignore label
+(IGNORE) over voxels nobody annotated, where a prediction counts for nothing."""
 
 from __future__ import annotations
 
@@ -43,3 +44,27 @@ def cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 LABELS = {0: "background", 1: "organ", 2: "lesion"}
 REGIONS = {"whole": [1, 2], "lesion": [2]}
 REGION_ORDER = [1, 2]
+
+
+IGNORE = 3  # nnU-Net's ignore label: the highest value
+
+
+def ignore_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{case: (reference, prediction)} of a sparsely annotated dataset: 1 organ, 2 lesion,
+    IGNORE where nobody annotated."""
+    out = {}
+    # the organ annotated on half its slices; the prediction, whole, overlaps the rest
+    ref, pred = _organ(), _organ(1)
+    ref[:, :, 7:] = np.where(ref[:, :, 7:] == 1, IGNORE, 0)
+    out["half_annotated"] = (ref, pred)
+    # a lesion predicted where nobody looked: no false positive
+    ref, pred = _organ(), _organ()
+    ref[10:14, 5:9, 4:6] = IGNORE
+    pred[10:14, 5:9, 4:6] = 2
+    out["lesion_in_unannotated"] = (ref, pred)
+    # a lesion predicted half inside an annotated background, half inside the unannotated
+    ref, pred = _organ(), _organ()
+    ref[8:12, 5:9, 4:6] = IGNORE
+    pred[6:12, 5:9, 4:6] = 2
+    out["lesion_half_seen"] = (ref, pred)
+    return out

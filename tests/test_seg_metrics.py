@@ -13,12 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from seg_metric_cases import LABELS, REGION_ORDER, REGIONS, SHAPE, SPACING, cases
+from seg_metric_cases import (
+    IGNORE,
+    LABELS,
+    REGION_ORDER,
+    REGIONS,
+    SHAPE,
+    SPACING,
+    cases,
+    ignore_cases,
+)
 
 from voxjet.volumes.evaluation.metrics import (
     class_means,
     class_summary,
     diagonal_mm,
+    dice,
     mean_of,
     seg_metrics,
 )
@@ -27,6 +37,7 @@ from voxjet.volumes.plan.plan_file import LabelSet
 RECORDED = json.loads((Path(__file__).parent / "data" / "nnunet_metrics.json").read_text())
 CLASSES = LabelSet(LABELS, 3)
 REGION_SET = LabelSet(LABELS, 3, REGIONS, REGION_ORDER)
+SPARSE = LabelSet(LABELS, 3, ignore=IGNORE)
 
 
 def _same(got: float, want: float | None) -> bool:
@@ -36,16 +47,22 @@ def _same(got: float, want: float | None) -> bool:
 @pytest.mark.parametrize("kind,labels,keys", [
     ("labels", CLASSES, {"organ": "1", "lesion": "2"}),
     ("regions", REGION_SET, {"whole": "(1, 2)", "lesion": "(2,)"}),
+    ("ignore", SPARSE, {"organ": "1", "lesion": "2"}),
 ])  # fmt: skip
-def test_dice_and_counts_equal_nnunet_compute_metrics(kind, labels, keys):
+def test_dice_iou_and_counts_equal_nnunet_compute_metrics(kind, labels, keys):
+    """With an ignore label, only annotated voxels count (a lesion predicted where nobody
+    looked is no false positive), as compute_metrics with ignore_label counts them."""
     recorded = RECORDED["metrics"][kind]
-    per_case = {}
-    for cid, (ref, pred) in cases().items():
+    per_case, ious = {}, {}
+    for cid, (ref, pred) in (ignore_cases() if kind == "ignore" else cases()).items():
         m = seg_metrics(pred, ref, labels, SPACING)
         per_case[cid] = {name: r["dice"] for name, r in m.items()}
+        ious[cid] = {name: r["iou"] for name, r in m.items()}
+        assert dice(pred, ref, labels) == pytest.approx(per_case[cid], nan_ok=True)
         for name, key in keys.items():
             want = recorded["per_case"][cid][key]
             assert _same(m[name]["dice"], want["Dice"]), (cid, name)
+            assert _same(m[name]["iou"], want["IoU"]), (cid, name)
             for ours, theirs in (("tp", "TP"), ("fp", "FP"), ("fn", "FN"), ("n_ref", "n_ref"),
                                  ("n_pred", "n_pred")):  # fmt: skip
                 assert m[name][ours] == want[theirs], (cid, name, ours)
@@ -54,9 +71,15 @@ def test_dice_and_counts_equal_nnunet_compute_metrics(kind, labels, keys):
     for name, key in keys.items():
         assert means[name] == pytest.approx(recorded["mean"][key], abs=1e-12), name
     assert mean_of(means) == pytest.approx(recorded["foreground_mean"], abs=1e-12)
-    # what the first version reported: the lesion averaged over the one case that has it
-    # alone, 0.0 from the missed one left at NaN: a better number than nnU-Net's
-    assert recorded["mean"][keys["lesion"]] == pytest.approx(1 / 6)
+    iou_means = class_means(ious)
+    for name, key in keys.items():
+        assert iou_means[name] == pytest.approx(recorded["mean_iou"][key], abs=1e-12), name
+    if kind != "ignore":
+        # what the first version reported: the lesion averaged over the one case that has it
+        # alone, 0.0 from the missed one left at NaN: a better number than nnU-Net's
+        assert recorded["mean"][keys["lesion"]] == pytest.approx(1 / 6)
+    else:  # the lesion predicted in the unannotated region alone: not scored at all
+        assert recorded["per_case"]["lesion_in_unannotated"]["2"]["Dice"] is None
 
 
 def test_hd95_aggregate_punishes_misses_and_false_detections():

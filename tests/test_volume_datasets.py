@@ -321,3 +321,53 @@ def test_a_split_that_leaves_no_validation_or_test_case_is_refused(tmp_path):
     (root / "splits_final.json").write_text(json.dumps([{"train": ids[:2], "val": ids[2:]}]))
     with pytest.raises(VoxjetError, match=r"splits_final.json: its folds use every case"):
         split_cases(ids, VolumePrepConfig(), load_dataset(root))
+
+
+def test_an_ignore_label_is_no_class_and_no_score(tmp_path):
+    """nnU-Net v2's sparse annotations (`"ignore": 2`, the highest value): the plan has two
+    classes and records the ignore label, the case files keep the unannotated voxels as 2,
+    training leaves them out of the loss, predictions never write 2, and evaluate's
+    metrics.json equals the metrics (nnU-Net's with ignore_label, tests/test_seg_metrics.py) of
+    the predictions it wrote, on the annotated voxels alone. An ignore label that is not the
+    highest value is refused, naming it."""
+    from voxjet.volumes.evaluation.evaluate import evaluate
+    from voxjet.volumes.evaluation.metrics import seg_metrics
+    from voxjet.volumes.plan.plan_file import read_plan
+
+    t1, gm, wm, aff = _mni()
+    brain = ((gm + wm) > 127).astype(np.uint8)
+    cases = []
+    for img, lbl, a in _variants(t1, brain, aff, 8):
+        sparse = lbl.copy()
+        sparse[:, :, sparse.shape[2] // 2 :] = 2  # only the lower half annotated
+        cases.append(([img], sparse, a))
+    root = v2_dataset(tmp_path / "raw", cases, {"0": "T1"},
+                      {"background": 0, "brain": 1, "ignore": 2})  # fmt: skip
+    prepared = _prepare(tmp_path / "prep", root)
+    plan = read_plan(str(prepared))
+    assert (plan.num_classes, plan.ignore_label) == (2, 2)
+    assert plan.labels == {0: "background", 1: "brain"}
+    model = _train(prepared, tmp_path / "run", {"name": "unet", "channels": [8, 16, 32, 64]},
+                   steps=20)  # fmt: skip
+    metrics = evaluate(str(prepared), str(model), str(tmp_path / "eval"))
+    written = sorted((tmp_path / "eval" / "predictions").glob("*.nii.gz"))
+    assert written and len(written) == metrics["n_cases"]
+    for path in written:
+        cid = path.name.removesuffix(".nii.gz")
+        pred = np.asarray(nib.load(path).dataobj)
+        assert 2 not in np.unique(pred)  # an ignore label is never predicted
+        label = cases[int(cid.removeprefix("case_"))][1]
+        want = seg_metrics(pred, label, plan.label_set, hd95=False)["brain"]
+        got = metrics["per_case"][cid]["brain"]
+        for k in ("tp", "fp", "fn"):
+            assert got[k] == want[k], (cid, k)
+        assert (got["iou"], got["dice"]) == pytest.approx((want["iou"], want["dice"]))
+        # the unannotated half, whatever was predicted there, counts for nothing
+        assert want["tp"] + want["fn"] == int((label == 1).sum())
+    assert 0 < metrics["per_class"]["brain"]["iou"] <= metrics["per_class"]["brain"]["dice"]
+    meta = json.loads((root / "dataset.json").read_text())
+    meta["labels"] = {"background": 0, "ignore": 1, "brain": 2}
+    (root / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(VoxjetError, match=r"labels\.ignore is 1, but the ignore label must be "
+                       r"the highest value"):  # fmt: skip
+        load_dataset(root)

@@ -26,7 +26,7 @@ HEADLINE = {"jets": ("auc_macro", True), "volumes": ("dice_mean", True)}
 COST_COLUMNS = ["device_hours", "energy_kwh", "peak_memory_gib"]
 COLUMNS = {
     "jets": ["auc_macro", "accuracy", "rej50_mean", "baseline_jet_mass_auc_macro", *COST_COLUMNS],
-    "volumes": ["dice_mean", "hd95_mean", "misses", "false_detections", *COST_COLUMNS],
+    "volumes": ["dice_mean", "iou_mean", "hd95_mean", "misses", "false_detections", *COST_COLUMNS],
 }
 CSV_FIELDS = [
     "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value", "note"
@@ -67,7 +67,7 @@ def flatten_eval(metrics: dict[str, Any]) -> dict[str, float]:
         flat[f"accuracy_{name}"] = _num(r.get("accuracy"))
         flat[f"auc_macro_{name}"] = _num(r.get("auc_macro"))
     for c, d in metrics.get("per_class", {}).items():
-        for m in ("dice", "hd95", "misses", "false_detections"):
+        for m in ("dice", "iou", "hd95", "misses", "false_detections"):
             if m in d:
                 flat[f"{m}_{c}"] = _num(d.get(m))
     return flat

@@ -122,14 +122,16 @@ def load_case(ds: MSDDataset, case: Case) -> LoadedCase:
             "export the label again on the image's grid, or drop the case"
         )
     values = label_values(label)
-    bad = sorted(set(values.tolist()) - set(ds.labels))
+    bad = sorted(set(values.tolist()) - set(ds.labels) - {ds.ignore})
     if bad:
         raise VoxjetError(
             f"{lpath}: label values {bad} are not declared in dataset.json labels "
             f"{sorted(ds.labels)}"
         )
-    if values.max() == 0:
-        raise VoxjetError(f"{lpath}: no foreground (every voxel is 0) in case {case.case_id}")
+    if not (set(values.tolist()) - {0, ds.ignore}):
+        raise VoxjetError(f"{lpath}: no foreground (every voxel is 0"
+                          + (" or ignore" if ds.ignore is not None else "")
+                          + f") in case {case.case_id}")  # fmt: skip
     ras = to_ras(np.moveaxis(image, 0, -1), affine)
     return LoadedCase(
         case.case_id,

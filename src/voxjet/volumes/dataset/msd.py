@@ -53,6 +53,7 @@ class MSDDataset:
     regions: dict[str, list[int]] | None = None  # region-based: name → label values
     region_order: list[int] | None = None  # the label value each region writes, in order
     folds: list[dict[str, list[str]]] | None = None  # splits_final.json
+    ignore: int | None = None  # nnU-Net's ignore label: voxels nobody annotated (no class)
 
     @property
     def modality(self) -> str:
@@ -100,14 +101,37 @@ def check_consecutive(labels: dict[int, str], meta_path: Path) -> None:
         )
 
 
+def _ignore_label(raw: dict, meta_path: Path) -> int | None:
+    """nnU-Net v2's ignore label (`"ignore": k`, sparse annotations: voxels nobody labelled),
+    taken out of `raw`: it must be the highest value, and is no class of the network."""
+    if "ignore" not in raw:
+        return None
+    value = raw.pop("ignore")
+    others = [v for v in raw.values() if isinstance(v, int)]
+    if not isinstance(value, int) or any(isinstance(v, list) for v in raw.values()):
+        raise VoxjetError(
+            f"{meta_path}: labels.ignore is {value!r}; nnU-Net's ignore label is one int, the "
+            "highest label value, in a dataset of classes (voxjet trains no regions with it)"
+        )
+    if others and value <= max(others):
+        raise VoxjetError(
+            f"{meta_path}: labels.ignore is {value}, but the ignore label must be the highest "
+            f"value (the classes go up to {max(others)}), as nnU-Net requires; renumber it to "
+            f"{max(others) + 1} in dataset.json and the label files (`voxjet relabel`)"
+        )
+    return value
+
+
 def _labels(meta: dict, meta_path: Path):
-    """(label values → names, regions or None, region order or None) of either form."""
-    raw = meta["labels"]
+    """(label values → names, regions or None, region order or None, the ignore label or
+    None) of either form."""
+    raw = dict(meta["labels"]) if isinstance(meta["labels"], dict) else meta["labels"]
     if not isinstance(raw, dict) or not raw:
         raise VoxjetError(f"{meta_path}: labels must be a mapping")
     keys_are_ints = all(str(k).lstrip("-").isdigit() for k in raw)
+    ignore = None if keys_are_ints else _ignore_label(raw, meta_path)
     if keys_are_ints:  # MSD: "0": "background"
-        return {int(k): str(v) for k, v in raw.items()}, None, None
+        return {int(k): str(v) for k, v in raw.items()}, None, None, None
     regions, labels = {}, {}
     for name, v in raw.items():
         if isinstance(v, list):
@@ -126,7 +150,7 @@ def _labels(meta: dict, meta_path: Path):
                 "ints (a region)"
             )
     if not any(isinstance(v, list) for v in raw.values()):
-        return labels, None, None
+        return labels, None, None, ignore
     regions = {n: vs for n, vs in regions.items() if vs != [0]}
     if any(0 in vs for vs in regions.values()):
         bad = [n for n, vs in regions.items() if 0 in vs]
@@ -155,7 +179,7 @@ def _labels(meta: dict, meta_path: Path):
                 "regions_class_order's order; order the regions from the largest to the "
                 "smallest, each value's smallest region last"
             )
-    return labels, regions, [int(v) for v in order]
+    return labels, regions, [int(v) for v in order], None
 
 
 def _v2_cases(root: Path, folder: str, ending: str, n_channels: int, labelled: bool,
@@ -194,7 +218,7 @@ def load_dataset(root: str | os.PathLike, check_labels: bool = True) -> MSDDatas
         ending = meta.get("file_ending", ".nii.gz")
         if ending not in ENDINGS:
             raise VoxjetError(f"{meta_path}: file_ending {ending!r}; readable: {list(ENDINGS)}")
-        labels, regions, order = _labels(meta, meta_path)
+        labels, regions, order, ignore = _labels(meta, meta_path)
         if check_labels:
             check_consecutive(labels, meta_path)
         cases = _v2_cases(root, "imagesTr", ending, len(channels), True, meta_path)
@@ -205,7 +229,7 @@ def load_dataset(root: str | os.PathLike, check_labels: bool = True) -> MSDDatas
                               f"cases (<case>_0000{ending})")  # fmt: skip
     elif "modality" in meta and "training" in meta:
         channels = [str(meta["modality"][k]) for k in sorted(meta["modality"], key=int)]
-        labels, regions, order = _labels(meta, meta_path)
+        labels, regions, order, ignore = _labels(meta, meta_path)
         if check_labels:
             check_consecutive(labels, meta_path)
         cases = [
@@ -226,7 +250,7 @@ def load_dataset(root: str | os.PathLike, check_labels: bool = True) -> MSDDatas
     if not cases:
         raise VoxjetError(f"{meta_path}: no training cases listed")
     ds = MSDDataset(root, channels, labels, cases, tests, regions, order,
-                    _folds(root, [c.case_id for c in cases]))  # fmt: skip
+                    _folds(root, [c.case_id for c in cases]), ignore)  # fmt: skip
     missing = [
         rel
         for c in [*cases, *tests]

@@ -190,6 +190,7 @@ def write_metrics(ev: Evaluation, rt: Runtime, split: str, overlap: float,
         "n_cases": len(ev.cases),
         # nnU-Net's: Dice a class the nanmean over cases, then the mean over classes
         "dice_mean": mean_of({c: v["dice"] for c, v in per_class.items()}),
+        "iou_mean": mean_of({c: v["iou"] for c, v in per_class.items()}),
         # BraTS's: a missed or falsely detected structure counts the image's diagonal
         "hd95_mean": nanmean(v["hd95"] for v in per_class.values()),
         "misses": sum(v["misses"] for v in per_class.values()),
@@ -197,7 +198,9 @@ def write_metrics(ev: Evaluation, rt: Runtime, split: str, overlap: float,
         "conventions": {
             "dice": "nnU-Net: 2tp/(2tp+fp+fn) a case, NaN only where reference and prediction "
             "are both empty; a class's mean over the cases where it is finite; dice_mean over "
-            "classes",
+            "classes; tp, fp, fn on the annotated voxels alone where the dataset has an ignore "
+            "label",
+            "iou": "nnU-Net: tp/(tp+fp+fn), with the same means",
             "hd95": "BraTS: a missed or falsely detected structure scores the case's image "
             "diagonal (mm); cases where both are empty left out; hd95_mean over classes",
         },

@@ -1,8 +1,10 @@
 """Segmentation metrics, the one place they are computed, by nnU-Net's conventions
 (`nnunetv2.evaluation.evaluate_predictions.compute_metrics`): per case and class (or region)
-the voxel counts tp, fp, fn; Dice = 2tp / (2tp + fp + fn), NaN only when reference and
-prediction are both empty (so a prediction on a case without the class scores 0); a class's
-mean is the nanmean over cases, the foreground mean the mean over classes.
+the voxel counts tp, fp, fn — on the annotated voxels alone where the dataset has an ignore
+label (`ignore_label`: sparse annotations); Dice = 2tp / (2tp + fp + fn) and IoU = tp / (tp +
+fp + fn), NaN only when reference and prediction are both empty (so a prediction on a case
+without the class scores 0); a class's mean is the nanmean over cases, the foreground mean the
+mean over classes.
 
 HD95 (in mm of the given voxel sizes) per case where both have the class; its aggregate follows
 BraTS's convention, which punishes what a mean of finite values hides: a missed structure or a
@@ -46,6 +48,18 @@ def dice_of(tp: int, fp: int, fn: int) -> float:
     return float("nan") if denominator == 0 else 2 * tp / denominator
 
 
+def iou_of(tp: int, fp: int, fn: int) -> float:
+    """tp / (tp + fp + fn) (nnU-Net's IoU); NaN when reference and prediction are both empty."""
+    denominator = tp + fp + fn
+    return float("nan") if denominator == 0 else tp / denominator
+
+
+def annotated(label: np.ndarray, classes: LabelSet) -> np.ndarray | None:
+    """The voxels a reference labels (None: all): not the ignore label's (nnU-Net's
+    compute_metrics counts tp, fp and fn on these alone)."""
+    return None if classes.ignore is None else label != classes.ignore
+
+
 def counts(pred: np.ndarray, ref: np.ndarray) -> dict[str, int]:
     """Voxel counts of two masks: tp, fp, fn, and each mask's size."""
     tp = int(np.count_nonzero(pred & ref))
@@ -76,16 +90,20 @@ def seg_metrics(
     spacing: list[float] | None = None,
     hd95: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Per foreground class or region of one case: tp, fp, fn (and the masks' sizes), Dice
-    (nnU-Net's: NaN only when both are empty), HD95 in mm where both have it (NaN else; not
+    """Per foreground class or region of one case: tp, fp, fn (and the masks' sizes; on the
+    annotated voxels alone where the dataset has an ignore label), Dice and IoU (nnU-Net's: NaN
+    only when both are empty), HD95 in mm where both have it (NaN else; not
     computed with `hd95` False), and whether the reference has it (`present`) and the
     prediction misses it (`miss`) or has it where the reference does not
     (`false_detection`)."""
     out = {}
+    seen = annotated(label, classes)
     # a class at a time, in its bounding box: never a stack of every class's masks, and the
     # distance transforms over the structure's box, not the image (MONAI crops the same way)
     for name, values in target_values(classes).items():
         p, r = _mask(pred, values), _mask(label, values)
+        if seen is not None:
+            p &= seen  # a prediction where nobody annotated is neither right nor wrong
         box = _box(p | r)
         if box is not None:
             p, r = p[box], r[box]
@@ -94,6 +112,7 @@ def seg_metrics(
         out[name] = {
             **c,
             "dice": dice_of(c["tp"], c["fp"], c["fn"]),
+            "iou": iou_of(c["tp"], c["fp"], c["fn"]),
             "hd95": _hd95(p, r, spacing) if hd95 and both else float("nan"),
             "present": c["n_ref"] > 0,
             "miss": c["n_ref"] > 0 and c["n_pred"] == 0,
@@ -134,6 +153,7 @@ def class_summary(per_case: dict[str, dict[str, dict]], diagonals: dict[str, flo
               for cid, r in records.items() if r["present"] or r["false_detection"]]  # fmt: skip
         out[name] = {
             "dice": nanmean(dice),
+            "iou": nanmean(r.get("iou", float("nan")) for r in records.values()),
             "hd95": nanmean(hd),
             "cases": int(np.isfinite(dice).sum()),
             "present": sum(r["present"] for r in records.values()),
@@ -156,8 +176,10 @@ class Scores:
 def dice(pred: np.ndarray, ref: np.ndarray, classes: LabelSet) -> dict[str, float]:
     """Dice of each foreground class or region of one case (NaN where both are empty)."""
     out = {}
+    seen = annotated(ref, classes)
     for name, values in target_values(classes).items():  # a class's masks at a time
-        c = counts(_mask(pred, values), _mask(ref, values))
+        p = _mask(pred, values)
+        c = counts(p if seen is None else p & seen, _mask(ref, values))
         out[name] = dice_of(c["tp"], c["fp"], c["fn"])
     return out
 

@@ -89,6 +89,7 @@ def make_plan(fp: dict, ds: MSDDataset, cfg: VolumePrepConfig) -> Plan:
         "num_classes": max(ds.labels) + 1,
         "num_outputs": ds.num_outputs,
         "labels": {int(k): v for k, v in ds.labels.items()},
+        "ignore_label": ds.ignore,
         "regions": ds.regions,
         "region_order": ds.region_order,
         "channels": ds.channels,

@@ -15,9 +15,14 @@ from voxjet.volumes.dataset.msd import MSDDataset
 from voxjet.volumes.dataset.settings import VolumePrepConfig
 
 
-def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator) -> np.ndarray:
-    """[C, k] intensities of up to n foreground voxels, every channel at the same voxels."""
-    idx = np.flatnonzero(lc.label > 0)
+def _foreground_sample(lc: LoadedCase, n: int, rng: np.random.Generator,
+                       ignore: int | None = None) -> np.ndarray:  # fmt: skip
+    """[C, k] intensities of up to n foreground voxels (annotated ones: the ignore label's
+    voxels are not foreground), every channel at the same voxels."""
+    fg = lc.label > 0
+    if ignore is not None:
+        fg &= lc.label != ignore
+    idx = np.flatnonzero(fg)
     if len(idx) > n:
         idx = rng.choice(idx, size=n, replace=False)
     coords = np.unravel_index(idx, lc.label.shape)
@@ -47,7 +52,7 @@ def inspect_cases(
             "labels": list(lc.label_values),
             "spacing": lc.spacing.tolist(),
             "shape": [b - a for a, b in box],
-            "fg": _foreground_sample(lc, cfg.foreground_samples, rng),
+            "fg": _foreground_sample(lc, cfg.foreground_samples, rng, ds.ignore),
         }
     return stats, skipped
 
@@ -86,6 +91,7 @@ def fingerprint_from(stats: dict[str, dict], ds: MSDDataset) -> dict:
         "case_ids": list(stats),  # the order of spacings and shapes
         "channels": ds.channels,
         "labels": ds.labels,
+        **({"ignore_label": ds.ignore} if ds.ignore is not None else {}),
         "regions": ds.regions,
         "spacings": spacings,
         "shapes": shapes,

@@ -19,18 +19,21 @@ from voxjet.io.remote import ReadOptions, read_json_at
 PLAN_VERSION = 2
 CONFIGURATIONS = ("3d_fullres", "2d", "3d_lowres", "3d_cascade_fullres")
 # left out of plan.json where they do not apply
-OPTIONAL = ("slice_axis", "previous_stage", "num_outputs", "median_shape_resampled")
+OPTIONAL = ("slice_axis", "previous_stage", "num_outputs", "median_shape_resampled",
+            "ignore_label")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class LabelSet:
     """What a label map's values mean: the classes (value → name; 0 the background), or the
-    regions (name → values) a region-based dataset trains, written back in `region_order`."""
+    regions (name → values) a region-based dataset trains, written back in `region_order`;
+    `ignore`, nnU-Net's ignore label: voxels nobody annotated, in no class and no score."""
 
     labels: dict[int, str]
     num_classes: int
     regions: dict[str, list[int]] | None = None
     region_order: list[int] | None = None
+    ignore: int | None = None
 
 
 def target_values(classes: LabelSet) -> dict[str, list[int]]:
@@ -75,6 +78,7 @@ class Plan:
     num_outputs: int | None = None  # None: one a class (softmax)
     regions: dict[str, list[int]] | None = None  # region-based: name → label values
     region_order: list[int] | None = None
+    ignore_label: int | None = None  # nnU-Net's ignore label (the highest value; no class)
     modality: str = ""
     planner: str = "voxjet"
     network_depth: int = 3
@@ -93,7 +97,8 @@ class Plan:
     @property
     def label_set(self) -> LabelSet:
         """The dataset's classes or regions."""
-        return LabelSet(self.labels, self.num_classes, self.regions, self.region_order)
+        return LabelSet(self.labels, self.num_classes, self.regions, self.region_order,
+                        self.ignore_label)  # fmt: skip
 
     @property
     def seed(self) -> int:

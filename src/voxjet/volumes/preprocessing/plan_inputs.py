@@ -22,6 +22,7 @@ def plan_inputs(plan: Plan, fp: dict, skipped: str | None = None) -> dict:
         "target_spacing": plan.target_spacing,
         "patch_size": plan.patch_size,
         "num_classes": plan.num_classes,
+        "ignore_label": plan.ignore_label,
         "normalization": plan.normalization,
         "storage": plan.storage.get("store", plan.config.get("storage")),
         "config": {k: plan.config.get(k) for k in ("seed", "foreground_samples", "storage")},

@@ -142,7 +142,9 @@ def preprocess_case(ds: MSDDataset, case: Case, plan: Plan, fp: dict, out_path: 
     (shape, voxels a label value)."""
     lc = load_case(ds, case)
     image, box, shape = to_plan_space(lc.image, lc.spacing, plan, fp)
-    label = zoom_labels(lc.label[tuple(slice(a, b) for a, b in box)], shape, plan.num_classes)
+    # the ignore label (the highest value) resampled as one more class: unannotated stays so
+    values = plan.num_classes + (plan.ignore_label is not None)
+    label = zoom_labels(lc.label[tuple(slice(a, b) for a, b in box)], shape, values)
     rng = np.random.default_rng([cfg.seed, zlib.crc32(case.case_id.encode())])
     orig = lc.original_label
     # plans from before `auto` have no "storage": theirs is the config's

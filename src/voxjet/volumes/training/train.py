@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from monai.losses import DiceCELoss
 from torch import nn
 
 from voxjet.distributed.gpus import job_device
@@ -36,6 +35,7 @@ from voxjet.volumes.plan.plan_file import Plan, read_configured
 from voxjet.volumes.plan.sizing import check_model_against_plan
 from voxjet.volumes.preprocessing.store import CaseStore, case_sizes, read_case_arrays
 from voxjet.volumes.training.augment import augment_batch, params_of
+from voxjet.volumes.training.loss import segmentation_loss
 from voxjet.volumes.training.patches import PatchBatches, PatchSampler
 
 
@@ -128,9 +128,7 @@ class SegTask:
         if self.deep_supervision and s.pipeline_stages > 1:
             raise VoxjetError("model.deep_supervision and train.pipeline_stages > 1: a pipeline "
                               "cut has one output; switch one off")  # fmt: skip
-        self.loss_fn = (
-            DiceCELoss(sigmoid=True) if self.regions else DiceCELoss(to_onehot_y=True, softmax=True)
-        )
+        self.loss_fn = segmentation_loss(bool(self.regions), self.plan.ignore_label)
         self.experiment = ""  # for the trackers (MLflow's experiment)
 
     def _previous_stage(self, previous: dict[str, list[str]] | None):

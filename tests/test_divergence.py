@@ -1,6 +1,7 @@
 """Divergence caught (voxjet.training.divergence): a loss that stays far above the lowest it
-reached, or above guessing, is marked diverged in metrics.jsonl and the summary; a non-finite
-loss stops training naming the step (tests/test_training.py)."""
+reached, above its first step's, or above guessing, is marked diverged in metrics.jsonl and the
+summary — also when it blew up inside its first logging window; a non-finite loss stops
+training naming the step (tests/test_training.py)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,37 @@ def test_lr_1e4_on_the_tiny_pfn_is_marked_diverged_in_the_log_and_the_summary(sh
         ranked[0].startswith("| 1 | ok ★") and f"bad ⚠ diverged at step {flag['step']}" in ranked[1]
     )
     assert json.dumps(flag)  # the record is plain JSON
+
+
+def test_a_run_that_blew_up_inside_its_first_window_is_caught_by_its_first_step():
+    """lr 1000 on a U-Net: 3.1e5 → 7.6e3 over the windows, falling all along (the lowest-loss
+    rule never fires), but far above its first step's 1.2; the sane run 1.2 → 0.75 is not."""
+    w = DivergenceWatch(initial=1.2)
+    flags = [w.update(10 * (i + 1), x) for i, x in enumerate([3.1e5, 9e4, 2e4, 7.6e3])]
+    assert [f["step"] for f in flags if f] == [30] and "first step" in flags[2]["why"]
+    sane = DivergenceWatch(initial=1.2)
+    assert all(sane.update(10 * (i + 1), x) is None for i, x in enumerate([1.1, 0.9, 0.8, 0.75]))
+
+
+def test_a_segmentation_lr_that_diverges_in_the_first_window_is_marked(tmp_path):
+    """A U-Net at lr 1000, logged every 4 steps: marked diverged in metrics.jsonl and in the
+    summary; the same run at the demo's lr is not."""
+    from conftest import toy_cases
+
+    from voxjet.volumes.dataset.settings import VolumePrepConfig
+    from voxjet.volumes.dataset.synth import ToyVolumesConfig
+    from voxjet.volumes.training.train import run
+
+    cases = toy_cases(tmp_path / "data", ToyVolumesConfig(train_cases=4, test_cases=0, seed=2,
+                      min_shape=(32, 32, 16), max_shape=(36, 36, 16)),
+                      VolumePrepConfig(patch_size=[16, 16, 8], network_depth=2))  # fmt: skip
+    model = {"name": "unet", "channels": [8, 16], "num_res_units": 0}
+    marks = {}
+    for lr in (1000.0, 0.002):
+        train = {"steps": 24, "batch_size": 2, "lr": lr, "log_every": 4, "eval_every": 24,
+                 "warmup_steps": 0, "grad_clip": 0, "iterations_per_epoch": 4}  # fmt: skip
+        out = tmp_path / f"lr{lr:g}"
+        run(str(cases), {"model": model, "train": train}, str(out))
+        lines = read_metrics(out / "metrics.jsonl")
+        marks[lr] = train_summary(lines).get("diverged_at_step")
+    assert marks[1000.0] is not None and marks[1000.0] <= 24 and marks[0.002] is None, marks

@@ -103,6 +103,8 @@ class Trainer:
         state.optimizer.step()
         state.scheduler.step()
         detached = loss.detach().float()
+        if state.first_loss is None:  # read at the window's end, with its sync
+            state.first_loss = detached.clone()
         bad = ~torch.isfinite(detached)
         state.step_on_device += 1
         state.first_bad = torch.where(
@@ -157,6 +159,8 @@ class Trainer:
         rec[self.rate_key] = rec.pop("items_per_s")
         self.meter.sample()
         self._record(rec)
+        if state.first_loss is not None and self.watch.initial is None:
+            self.watch.initial = float(state.first_loss)
         diverged = self.watch.update(state.step, mean_loss)
         if diverged is not None:
             self._record(diverged)

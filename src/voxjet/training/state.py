@@ -40,6 +40,7 @@ class TrainState:
     nonfinite: torch.Tensor | None = None  # non-finite losses in the window
     first_bad: torch.Tensor | None = None  # the first of them, as a step (-1: none)
     step_on_device: torch.Tensor | None = None
+    first_loss: torch.Tensor | None = None  # the session's first step's (the watch's reference)
     recent: deque = field(default_factory=deque)  # (step, provenance) of the window's batches
     cost: dict | None = None  # what earlier sessions of the run cost (accounting.add_session)
     compiled: CompiledModule | None = None  # train.compile: the compiled step and its fallback

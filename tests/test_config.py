@@ -357,3 +357,17 @@ def test_gpus_a_node_are_asked_per_node_across_nodes_with_the_sites_model():
     cpu = Launch(gpus=0, mem_mb=3000).resources(site)
     assert cpu["slurm_partition"] == "cpu" and cpu["request_gpus"] is None
     assert cpu["htcondor_request_mem_mb"] == cpu["mem_mb"] == 3000
+
+
+@pytest.mark.parametrize("where", ["train", "sweep"])
+def test_a_key_the_workflow_sets_is_refused_naming_the_one_meant(demo_config, where):
+    """`train: {folds: 2}` would train one run and no cross-validation, with no word."""
+    bad = copy.deepcopy(demo_config)
+    if where == "train":
+        bad["experiments"]["unet"]["train"]["folds"] = 2
+    else:
+        bad["experiments"]["unet"]["sweep"] = {"train.fold": [0, 1]}
+    key = "train.folds" if where == "train" else "sweep.train.fold"
+    with pytest.raises(VoxjetError, match=rf"'experiments\.unet\.{key}': the workflow sets "
+                       r"train\.folds? for each run itself.*experiments\.unet"):  # fmt: skip
+        check_config(bad, SCHEMA)

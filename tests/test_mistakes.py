@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BIN, REPO, copy_workflow, job_counts, run_snakemake, snakemake_env
+from conftest import (
+    BIN,
+    REPO,
+    copy_workflow,
+    job_counts,
+    run_snakemake,
+    snakemake_env,
+    write_config,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -330,3 +338,14 @@ def test_a_failed_training_ends_with_voxjets_message(finished_jets, tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("launch: ranks 0, 1 failed: voxjet train-jets: error:"), last
     assert "index.json" in last and "ChildFailedError" in r.stderr  # torchrun's report above
+
+
+def test_train_folds_in_a_users_config_is_refused_at_the_dry_run(tmp_path):
+    """The issue's case: `train: {folds: 2}` stops the dry run naming experiments.<name>.folds."""
+    wf = copy_workflow(tmp_path / "wf")
+    cfg = {"datasets": {"v": {"domain": "volumes", "source": {"synthetic": {"train_cases": 4}}}},
+           "experiments": {"unet": {"dataset": "v", "model": {"name": "unet",
+                                    "channels": [8, 16]}, "train": {"folds": 2}}}}  # fmt: skip
+    write_config(wf / "my.yaml", cfg)
+    r = run_snakemake(wf, "-n", "--configfile", "my.yaml")
+    refused(r, "'experiments.unet.train.folds'", "folds: k under experiments.unet")

@@ -56,6 +56,7 @@ def check_config(
     if msgs:
         raise VoxjetError("invalid config:\n  " + "\n  ".join(msgs))
     for name, exp in config.get("experiments", {}).items():
+        _refuse_set_by_workflow(name, exp)
         check_sweep(name, exp, schema)
     for name, ds in config.get("datasets", {}).items():
         _refuse_secrets(ds.get("read", {}).get("storage_options", {}), f"datasets.{name}.read")
@@ -82,6 +83,28 @@ def check_config(
         _check_auto(name, exp, config.get("site") or {})
         _check_model_inputs(name, exp, config["datasets"][exp["dataset"]], jets)
     return jets
+
+
+# train: keys the workflow sets in each run's config itself: a user's value would be ignored
+SET_BY_WORKFLOW = {
+    "fold": "folds: k under experiments.{name} trains each fold as its own run",
+    "folds": "folds: k under experiments.{name} (cross-validation, one run a fold)",
+}
+
+
+def _refuse_set_by_workflow(name: str, exp: Mapping[str, Any]) -> None:
+    """A `train:` key (or sweep key) the workflow sets for each run is refused, naming the key
+    the user meant: `train: {folds: 2}` would train one run and no cross-validation."""
+    given = [(f"experiments.{name}.train.{k}", k) for k in (exp.get("train") or {})
+             if k in SET_BY_WORKFLOW]  # fmt: skip
+    given += [(f"experiments.{name}.sweep.{k}", k.split(".", 1)[1])
+              for k in (exp.get("sweep") or {})
+              if k.startswith("train.") and k.split(".", 1)[1] in SET_BY_WORKFLOW]  # fmt: skip
+    for where, key in given:
+        raise VoxjetError(
+            f"config key '{where}': the workflow sets train.{key} for each run itself, so "
+            f"yours would do nothing; write {SET_BY_WORKFLOW[key].format(name=name)}"
+        )
 
 
 def _check_model_inputs(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any],

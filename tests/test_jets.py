@@ -431,3 +431,17 @@ def test_all_finite_sees_nan_and_inf_and_not_an_overflowing_sum():
     x = np.ones(4, np.float64)
     x[[1, 2]] = [np.inf, -np.inf]  # their sum is NaN; still not finite
     assert not all_finite(x)
+
+
+def test_generated_files_never_share_a_seed():
+    """A hash of (seed, class, file): with 101 files a class, QCD_100 and Hbb_000 were the same
+    events (seed * 1000 + class * 100 + i); now no two files of 5 classes × 400 files × 3
+    seeds share one, nor do Pythia's seeds (the hash folded into its range)."""
+    from voxjet.jets.synth import file_seed
+
+    classes = ["QCD", "Hbb", "Zqq", "Wqq", "Tbqq"]
+    seeds = [file_seed(s, c, i) for s in (1, 2, 3) for c in classes for i in range(400)]
+    assert len(set(seeds)) == len(seeds)
+    assert len({s % 900_000_000 + 1 for s in seeds}) == len(seeds)
+    assert file_seed(1, "QCD", 100) != file_seed(1, "Hbb", 0)
+    assert file_seed(1, "QCD", 0) == file_seed(1, "QCD", 0)  # the same files on a rerun

@@ -31,8 +31,14 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.detector import measured_tracks, reconstructed_vertices
-from voxjet.jets.schema import CLASSES
-from voxjet.jets.synth import R0, SV_FEATURES, ToyJetsConfig, particle_columns, write_jets
+from voxjet.jets.synth import (
+    R0,
+    SV_FEATURES,
+    ToyJetsConfig,
+    file_seed,
+    particle_columns,
+    write_jets,
+)
 from voxjet.progress import progress as progress_of
 
 PROCESSES: dict[str, list[str]] = {
@@ -334,7 +340,7 @@ def generate_dataset(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [
-        (out / f"{c}_{i:03d}.root", c, cfg.seed * 1000 + CLASSES.index(c) * 100 + i)
+        (out / f"{c}_{i:03d}.root", c, file_seed(cfg.seed, c, i))
         for c in cfg.classes
         for i in range(cfg.files_per_class)
     ]

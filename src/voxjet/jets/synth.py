@@ -11,6 +11,7 @@ b prongs an exponential decay length on top; neutral particles get zero, as in J
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,6 +322,14 @@ def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = 
                 out.extend({k: v[lo : lo + BASKET_JETS] for k, v in branches.items()})
 
 
+def file_seed(seed: int, cls: str, index: int) -> int:
+    """The seed of one generated file: a hash of the dataset's seed, the class and the file's
+    number (32 bits), so no two files of any number of classes and files share their events
+    (`seed * 1000 + class * 100 + i` made QCD_100 the same events as Hbb_000)."""
+    digest = hashlib.blake2b(f"{seed}/{cls}/{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
 def generate_file(
     path: str | os.PathLike,
     cls: str,
@@ -347,7 +356,6 @@ def generate_dataset(
     paths = []
     for c, i in progress_of(jobs, "synth-jets", "file", disable=not progress):
         path = out / f"{c}_{i:03d}.root"
-        seed = cfg.seed * 1_000_003 + CLASSES.index(c) * 1000 + i
-        generate_file(path, c, cfg.jets_per_file, seed, cfg)
+        generate_file(path, c, cfg.jets_per_file, file_seed(cfg.seed, c, i), cfg)
         paths.append(path)
     return paths

@@ -96,6 +96,8 @@ class JetDataConfig:
     # sentinel values a feature (voxjet.jets.robust): left out of its statistics, given its centre
     missing: dict[str, float] = field(default_factory=dict)
     outliers: str = "warn"  # values far outside a feature's percentiles: warn, or fail
+    # undeclared sentinels found at shard time (voxjet.jets.robust): replace, fail, or keep
+    sentinels: str = "replace"
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     step_size: int = 50000

@@ -4,8 +4,13 @@ weaver-core's `auto` definition, so a weaver config's `auto` and voxjet's own in
 same — and the standardised inputs are clipped to ±CLIP (weaver's default for `auto`). A mean
 and std are moved by a single 1e30 or by a feature's −999 "not computed" entries; percentiles
 are not. Values declared missing (`jets.missing`) are left out of the statistics and given the
-centre at training and prediction. Values far outside the percentiles (OUTLIER_SPREADS
-spreads) are listed with their file and entries: sentinels and overflows a user should know of.
+centre at training and prediction. An undeclared sentinel is found too (`find_sentinel`): a
+value that a feature holds in more than SENTINEL_SHARE of its training values, beyond every
+other value it takes, where those others are continuous (−999 for neutral particles' Δη, 0 for
+a positive feature "not computed", 1e30): named with its share and, unless the dataset says
+otherwise (`jets.sentinels`), treated as declared. Values far outside the percentiles
+(OUTLIER_SPREADS spreads) are listed with their file and entries: overflows a user should know
+of.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 CLIP = 5.0
 OUTLIER_SPREADS = 1000.0  # a value this many spreads from the median is listed as an outlier
 SAMPLE = 1_000_000  # values of each input a shard job keeps for the percentiles
+SENTINEL_SHARE = 0.02  # a value this common at an edge of a continuous feature is a sentinel
 LISTED_ENTRIES = 5  # entries named a (feature, file)
 DESCRIPTION = (f"median and the larger distance to the 16th/84th percentile over the training "
                f"split (weaver's auto), inputs clipped to ±{CLIP:g}")  # fmt: skip
@@ -26,6 +32,56 @@ DESCRIPTION = (f"median and the larger distance to the 16th/84th percentile over
 def missing_values(features: Sequence[str], missing: Mapping[str, Any]) -> list[float | None]:
     """The declared "missing" value of each feature, in the features' order (None: none)."""
     return [None if missing.get(f) is None else float(missing[f]) for f in features]
+
+
+def find_sentinel(column: np.ndarray) -> tuple[float, float] | None:
+    """(value, share) of a column's sentinel, or None: its most common value, held by at least
+    SENTINEL_SHARE of the values, below or above every other value, the others mostly distinct
+    (a flag's 0/1 or an integer count is not continuous: no sentinel)."""
+    col = column[np.isfinite(column)]
+    if len(col) < 100:
+        return None
+    values, counts = np.unique(col, return_counts=True)
+    k = int(counts.argmax())
+    share = counts[k] / len(col)
+    if share < SENTINEL_SHARE or len(values) < 3:
+        return None
+    value = values[k]
+    rest = len(col) - counts[k]
+    at_edge = k in (0, len(values) - 1)
+    continuous = len(values) - 1 >= 0.5 * rest
+    return (float(value), float(share)) if at_edge and continuous else None
+
+
+def sentinels(sample: np.ndarray, names: Sequence[str], declared: Sequence[float | None],
+              kind: str) -> dict[str, dict]:  # fmt: skip
+    """{feature: {value, share, input}} of the undeclared sentinels in a [N, F] sample."""
+    found = {}
+    for j, name in enumerate(names):
+        if j < len(declared) and declared[j] is not None:
+            continue
+        hit = find_sentinel(sample[:, j].astype(np.float64))
+        if hit is not None:
+            found[name] = {"value": hit[0], "share": hit[1], "input": kind}
+    return found
+
+
+def with_sentinels(
+    names: Sequence[str], declared: Sequence[float | None], found: Mapping[str, Mapping]
+) -> list[float | None]:
+    """The declared missing values with the sentinels found added."""
+    return [found[n]["value"] if n in found else (declared[j] if j < len(declared) else None)
+            for j, n in enumerate(names)]  # fmt: skip
+
+
+def describe_sentinels(found: Mapping[str, Mapping], treat: str) -> list[str]:
+    """One line a sentinel: the feature, the value, its share and what is done with it."""
+    done = {"replace": "left out of its statistics and given its centre",
+            "keep": "kept as an ordinary value (jets.sentinels: keep)"}  # fmt: skip
+    done = done.get(treat, "refused")
+    return [f"{name} = {item['value']:g} in {item['share']:.1%} of its training values, below "
+            f"or above all its others: a sentinel (\"not computed\"?), {done}"
+            for name, item in sorted(found.items())]  # fmt: skip
 
 
 def centre_and_spread(values: np.ndarray, missing: Sequence[float | None] = ()) -> tuple:

@@ -50,9 +50,12 @@ from voxjet.jets.robust import (
     add_outliers,
     centre_and_spread,
     describe_outliers,
+    describe_sentinels,
     merge_outliers,
     missing_values,
     outliers,
+    sentinels,
+    with_sentinels,
 )
 from voxjet.jets.robust import DESCRIPTION as ROBUST
 from voxjet.jets.shard_files import STORAGES, write_shard_arrays
@@ -379,7 +382,8 @@ def _samples_and_outliers(job: ShardJob, chunks: list[dict], train_jet: np.ndarr
     outside the job's own percentiles, with their file and entries."""
     cfg, seed = job.cfg, [cfg_seed(job.cfg), job.part]
     kinds = {"particles": cfg.particle_features, "jets": cfg.jet_features,
-             **{c.key: c.features for c in job.colls}}  # fmt: skip
+             **{c.key: c.features for c in job.colls},
+             **({"targets": target_names(cfg)} if job.targets else {})}  # fmt: skip
     missing = {k: missing_values(names, cfg.missing) for k, names in kinds.items()}
     rows = {k: [] for k in kinds}  # each chunk's rows of each input, and their entries
     for c, keep in zip(chunks, train_jet, strict=True):
@@ -387,6 +391,8 @@ def _samples_and_outliers(job: ShardJob, chunks: list[dict], train_jet: np.ndarr
         rows["particles"].append((c["particles"], np.repeat(c["entry"], counts),
                                   np.repeat(keep, counts)))  # fmt: skip
         rows["jets"].append((c["jets"], c["entry"], keep))
+        if job.targets:
+            rows["targets"].append((c["targets"], c["entry"], keep))
         for coll in job.colls:
             real = masks(c[coll.count_key], coll.length)
             n = real.sum(1)
@@ -399,6 +405,8 @@ def _samples_and_outliers(job: ShardJob, chunks: list[dict], train_jet: np.ndarr
         for values, _, train in rows[k]:
             sample.add(values[train])
         samples[k] = sample.array(len(names))
+        missing[k] = with_sentinels(names, missing[k], _sentinels_of(cfg, samples[k], names,
+                                                                     missing[k], k))  # fmt: skip
         centre, spread = centre_and_spread(samples[k], missing[k])
         totals[k] = int(sum(len(v) for v, _, _ in rows[k]))
         for (values, entries, _), c in zip(rows[k], chunks, strict=True):
@@ -407,6 +415,20 @@ def _samples_and_outliers(job: ShardJob, chunks: list[dict], train_jet: np.ndarr
                 file = job.files[int(c["file"][0])]["path"] if len(c["file"]) else "?"
                 add_outliers(report, k, names, values, far, entries, file)
     return samples, report, totals
+
+
+def target_names(cfg: JetDataConfig) -> list[str]:
+    """The targets' columns, in the shards' order."""
+    return [t.name for t in parse_targets(cfg.targets)]
+
+
+def _sentinels_of(cfg: JetDataConfig, sample: np.ndarray, names: list[str],
+                  declared: list[float | None], kind: str) -> dict[str, dict]:  # fmt: skip
+    """The undeclared sentinels of an input's sample (none for targets, which are never given
+    a centre in place of a value, and none with jets.sentinels: keep)."""
+    if cfg.sentinels == "keep" or kind == "targets":
+        return {}
+    return sentinels(sample, names, declared, kind)
 
 
 def cfg_seed(cfg: JetDataConfig) -> int:
@@ -619,7 +641,7 @@ def _index_of(parts: list[tuple[Path, dict]], cfg: JetDataConfig) -> dict:
         "particle_features": cfg.particle_features,
         "jet_features": cfg.jet_features,
         "max_particles": cfg.max_particles,
-        "targets": [t.name for t in parse_targets(cfg.targets)],
+        "targets": target_names(cfg),
         "collections": [
             {"name": c.name, "features": c.features, "length": c.length}
             for c in parse_collections(cfg.collections)
@@ -691,15 +713,34 @@ def _robust_standardisation(index: dict, parts: list[tuple[Path, dict]],
     training split, under the keys the models read (`particle_mean`/`particle_std`: the centre
     and the scale), the clip and the declared missing values; the values far outside, listed
     (an error with jets.outliers: fail)."""
-    kinds = {"particles": ("particle", cfg.particle_features)}
+    kinds = {"particles": ("particle", cfg.particle_features), "jets": ("jet", cfg.jet_features)}
     kinds |= {c.key: (c.key, c.features) for c in parse_collections(cfg.collections)}
+    if cfg.targets:
+        kinds["targets"] = ("target", target_names(cfg))
+    found: dict[str, dict] = {}
     for kind, (key, names) in kinds.items():
-        centre, spread = centre_and_spread(_sample_of(parts, kind, len(names)),
-                                           missing_values(names, cfg.missing))  # fmt: skip
+        sample = _sample_of(parts, kind, len(names))
+        if kind == "targets" and not len(sample):
+            continue  # shards from before targets were sampled keep their mean and std
+        declared = missing_values(names, cfg.missing)
+        mine = _sentinels_of(cfg, sample, names, declared, kind)
+        found |= mine
+        missing = with_sentinels(names, declared, mine)
+        centre, spread = centre_and_spread(sample, missing)
         index[f"{key}_mean"], index[f"{key}_std"] = centre.tolist(), spread.tolist()
+        if kind == "particles":
+            index["particle_missing"] = missing
     index["standardisation"] = ROBUST
     index["input_clip"] = CLIP
-    index["particle_missing"] = missing_values(cfg.particle_features, cfg.missing)
+    index["sentinels"] = found
+    said = describe_sentinels(found, cfg.sentinels)
+    if said and cfg.sentinels == "fail":
+        raise VoxjetError("features holding a sentinel value (jets.sentinels: fail):\n  "
+                          + "\n  ".join(said) + "\ndeclare each in jets.missing ({feature: "
+                          "value}) to train with it given the feature's centre, or fix the "
+                          "files")  # fmt: skip
+    for line in said:
+        print(f"sentinel: {line}", file=sys.stderr)
     far = merge_outliers([p.get("outliers", {}) for _, p in parts])
     totals = _add_counts([p.get("values", {}) for _, p in parts])
     index["outliers"] = far

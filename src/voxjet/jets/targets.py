@@ -6,7 +6,7 @@ overall and in bins of jet pT, against predicting the training median for every 
 classification the accuracy and the AUC of each class.
 
 A model's head has one output a class, then a block a target: one output a regression (learned
-standardised by the training split's mean and standard deviation, index.json), one logit a
+standardised by the training split's median and 16-84% spread, index.json), one logit a
 class of a classification. `decode` turns a block into what anyone reads: the regression in its
 units, the classification's probabilities."""
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from voxjet.errors import VoxjetError
 from voxjet.jets.metrics import roc_auc
+from voxjet.jets.robust import OUTLIER_SPREADS
 from voxjet.plotting import pyplot, save_figure
 
 LOSSES = ("mse", "huber", "logcosh")
@@ -123,7 +124,8 @@ def check_values(values: np.ndarray, targets: list[Target], entries: np.ndarray)
 
 def target_loss(out, true, targets: list[Target], mean: list[float], std: list[float]):
     """The weighted sum of each target's loss (mean over jets): a regression's on values
-    standardised by the training split's `mean` and `std`, a classification's cross entropy.
+    standardised by the training split's centre `mean` and spread `std` (voxjet.jets.robust;
+    values more than OUTLIER_SPREADS spreads out left out), a classification's cross entropy.
     `out`: the head's target block [B, W]; `true`: the targets in their units [B, T]."""
     import torch.nn.functional as F
 
@@ -133,6 +135,13 @@ def target_loss(out, true, targets: list[Target], mean: list[float], std: list[f
             total = total + t.weight * F.cross_entropy(out[:, block], true[:, i].long())
             continue
         p, y = out[:, block.start], (true[:, i] - mean[i]) / std[i]
+        # a value far outside the target's percentiles (a 1e30 overflow: the index job names it)
+        # teaches nothing and would swamp the batch: it is left out of the loss
+        kept = y.abs() <= OUTLIER_SPREADS
+        if not bool(kept.all()):
+            p, y = p[kept], y[kept]
+            if not len(y):
+                continue
         if t.loss == "mse":
             loss = F.mse_loss(p, y)
         elif t.loss == "huber":

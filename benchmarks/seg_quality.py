@@ -22,7 +22,11 @@ The dataset: the demo's toy CT generator, with more cases than the demo (default
 test split holds lesion-free cases too. (The MNI152 set of tests/mni_dataset.py is left out: its
 four cases are one brain rescaled and mirrored, so a test case is a copy of a training case.)
 
-    .venv-bench/bin/python benchmarks/seg_quality.py [--seeds 3] [--steps 500] [--cases 24]
+    .venv-bench/bin/python benchmarks/seg_quality.py [--seeds 3] [--epochs 6] [--cases 24]
+
+Fair to both: nnU-Net seeded, with its own recipe (SGD, poly decay, augmentation, 250
+iterations an epoch) stopped after --epochs of its 1000, its schedule running over the 1000;
+voxjet's schedule likewise over the same 250,000 steps, stopped at the same step.
 """
 
 from __future__ import annotations
@@ -45,22 +49,35 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 TRAINER = "nnUNetTrainer_voxjetBudget"
-TRAINER_CODE = '''"""Written by voxjet's benchmarks/seg_quality.py: nnU-Net's trainer for a given
-number of iterations (VOXJET_BENCH_EPOCHS x VOXJET_BENCH_ITERS), without the final validation
-pass."""
+TRAINER_CODE = '''"""Written by voxjet's benchmarks/seg_quality.py: nnU-Net's trainer, seeded
+(VOXJET_BENCH_SEED), stopped after VOXJET_BENCH_EPOCHS of its own epochs with its poly schedule
+running over VOXJET_BENCH_FULL_EPOCHS (its 1000: the budget is a fraction of its recipe, not the
+recipe squeezed), without the final validation pass."""
 import os
+import random
 
+import numpy as np
 import torch
 
+from nnunetv2.training.lr_scheduler.polylr import PolyLRScheduler
 from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
 
 
 class nnUNetTrainer_voxjetBudget(nnUNetTrainer):
     def __init__(self, plans, configuration, fold, dataset_json, device=torch.device("cuda")):
+        seed = int(os.environ["VOXJET_BENCH_SEED"])
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         super().__init__(plans, configuration, fold, dataset_json, device)
         self.num_epochs = int(os.environ["VOXJET_BENCH_EPOCHS"])
         self.num_iterations_per_epoch = int(os.environ["VOXJET_BENCH_ITERS"])
         self.num_val_iterations_per_epoch = 2
+
+    def configure_optimizers(self):
+        optimizer, _ = super().configure_optimizers()
+        full = int(os.environ["VOXJET_BENCH_FULL_EPOCHS"])
+        return optimizer, PolyLRScheduler(optimizer, self.initial_lr, full)
 
     def perform_actual_validation(self, save_probabilities=False):
         pass
@@ -135,15 +152,16 @@ def prepare(msd: Path, work: Path, patch: list[int]) -> dict:
 
 
 def run_voxjet(msd: Path, work: Path, steps: int, batch: int, run_cfg: dict, seed: int,
-               splits: dict) -> tuple[dict, float]:  # fmt: skip
+               splits: dict, schedule_steps: int) -> tuple[dict, float]:  # fmt: skip
     """voxjet's training (validated once, at its last step: it keeps its final weights, as
-    nnU-Net's checkpoint_final) and test predictions; (scores, seconds)."""
+    nnU-Net's checkpoint_final; its schedule over `schedule_steps`, the full recipe's length,
+    stopped after `steps`) and test predictions; (scores, seconds)."""
     from voxjet.volumes.evaluation.evaluate import evaluate
     from voxjet.volumes.training.train import run
 
     cfg = json.loads(json.dumps(run_cfg))
     cfg["train"].update(steps=steps, batch_size=batch, eval_every=steps, checkpoint_every=steps,
-                        seed=seed)  # fmt: skip
+                        seed=seed, schedule_steps=schedule_steps)  # fmt: skip
     out = work / f"run_{seed}"
     t = time.perf_counter()
     run(str(work / "cases"), cfg, str(out))
@@ -153,7 +171,8 @@ def run_voxjet(msd: Path, work: Path, steps: int, batch: int, run_cfg: dict, see
 
 
 def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
-               splits: dict, epochs: int) -> tuple[dict, dict, float]:  # fmt: skip
+               splits: dict, epochs: int, seed: int,
+               full_epochs: int) -> tuple[dict, dict, float]:  # fmt: skip
     """nnU-Net's fingerprint of the training and validation cases, plan (its 3d_fullres with
     the common patch and batch and its own topology for that patch), preprocessing, training
     on voxjet's split (its fold 0) and test predictions with its final weights."""
@@ -161,7 +180,8 @@ def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
 
     from voxjet.volumes.plan.topology import pool_and_conv_props
 
-    budget = {"VOXJET_BENCH_EPOCHS": str(epochs), "VOXJET_BENCH_ITERS": str(steps // epochs)}
+    budget = {"VOXJET_BENCH_EPOCHS": str(epochs), "VOXJET_BENCH_ITERS": str(steps // epochs),
+              "VOXJET_BENCH_SEED": str(seed), "VOXJET_BENCH_FULL_EPOCHS": str(full_epochs)}
     environ = {**nnunet_peer.env(work), "nnUNet_n_proc_DA": "2", "nnUNet_compile": "f", **budget}
     nnunet_peer.to_raw(msd, work, splits["train"] + splits["val"])
     d = str(nnunet_peer.DATASET_ID)
@@ -216,7 +236,8 @@ def _mean_sd(values: list[float | None]) -> str:
 
 def report(rows: list[dict], steps: int, batch: int, threads: str, model: str) -> None:
     """The seeds' rows as one table: mean ± sd (sample) over seeds, each side."""
-    print(f"\n{steps} iterations of batch {batch}, {threads} threads, {len(rows)} seeds; voxjet "
+    print(f"\n{steps} iterations of batch {batch} (both schedules over 1000 epochs of 250), "
+          f"{threads} threads, {len(rows)} seeds; voxjet "
           f"model {model}; test cases: {rows[0]['test_cases']} (training {rows[0]['train_cases']}"
           f", validation {rows[0]['val_cases']})\n")  # fmt: skip
     print("| class | measure | nnU-Net 2.8.1 | voxjet |")
@@ -232,6 +253,11 @@ def report(rows: list[dict], steps: int, batch: int, threads: str, model: str) -
             nnu = _mean_sd([r["nnunet"][c][key] for r in rows])
             vox = _mean_sd([r["voxjet"][c][key] for r in rows])
             print(f"| {c} | {what} | {nnu} | {vox} |")
+    found = {side: all(((r[side].get("lesion") or {}).get("dice") or 0) > 0 for r in rows)
+             for side in ("nnunet", "voxjet")}  # fmt: skip
+    print(f"\nboth found the lesion in every seed: {found['nnunet'] and found['voxjet']} "
+          f"(nnU-Net {found['nnunet']}, voxjet {found['voxjet']}); a comparison counts only "
+          "where both trained")
     print(f"\nseconds (training + test prediction), mean: nnU-Net "
           f"{np.mean([r['nnunet_s'] for r in rows]):.0f}, voxjet "
           f"{np.mean([r['voxjet_s'] for r in rows]):.0f}")  # fmt: skip
@@ -249,8 +275,13 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3, help="training runs a side (voxjet: seeds)")
-    ap.add_argument("--steps", type=int, default=500, help="training iterations, both")
-    ap.add_argument("--epochs", type=int, default=10, help="nnU-Net's epochs (steps a multiple)")
+    ap.add_argument("--epochs", type=int, default=6,
+                    help="nnU-Net epochs of --iters iterations both sides train (a fraction of "
+                         "--full-epochs, the recipe's length both schedules run over)")  # fmt: skip
+    ap.add_argument("--iters", type=int, default=250, help="iterations an epoch (nnU-Net's 250)")
+    ap.add_argument("--full-epochs", type=int, default=1000, help="nnU-Net's recipe: 1000")
+    ap.add_argument("--patch", type=int, nargs=3, default=None,
+                    help="the patch (x y z) both train on; default the demo's")  # fmt: skip
     ap.add_argument("--batch", type=int, default=2, help="patches a batch, both")
     ap.add_argument("--cases", type=int, default=24, help="toy CT labelled cases")
     ap.add_argument(
@@ -267,23 +298,24 @@ def main() -> None:
         help="rows of earlier seeds (the JSON lines this script printed) to include in the table",
     )
     args = ap.parse_args()
-    if args.steps % args.epochs:
-        ap.error("--steps must be a multiple of --epochs")
+    args.steps = args.epochs * args.iters
     threads = os.environ.setdefault("OMP_NUM_THREADS", "2")
     install_trainer()
     demo = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["experiments"]["unet"]
-    train = {**demo["train"], "iterations_per_epoch": args.steps // args.epochs}
+    train = {**demo["train"], "iterations_per_epoch": args.iters}
     run_cfg = {"model": json.loads(args.model), "train": train}
     rows = previous_rows(args.previous) if args.previous else []
     with tempfile.TemporaryDirectory() as tmp:
         msd, patch = toy_ct(Path(tmp), args.cases)
+        patch = args.patch or patch
         (Path(tmp) / "voxjet").mkdir()
         splits = prepare(msd, Path(tmp) / "voxjet", patch)
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             vox, vs = run_voxjet(msd, Path(tmp) / "voxjet", args.steps, args.batch, run_cfg,
-                                 seed, splits)  # fmt: skip
+                                 seed, splits, args.full_epochs * args.iters)  # fmt: skip
             info, nnu, ns = run_nnunet(msd, Path(tmp) / f"nnunet_{seed}", patch, args.steps,
-                                       args.batch, splits, args.epochs)  # fmt: skip
+                                       args.batch, splits, args.epochs, seed,
+                                       args.full_epochs)  # fmt: skip
             rows.append({"seed": seed, "patch_xyz": patch, "nnunet": nnu, "voxjet": vox,
                          "voxjet_s": vs, "nnunet_s": ns, "test_cases": len(splits["test"]),
                          "train_cases": len(splits["train"]), "val_cases": len(splits["val"]),

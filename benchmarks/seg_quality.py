@@ -180,8 +180,12 @@ def run_nnunet(msd: Path, work: Path, patch: list[int], steps: int, batch: int,
 
     from voxjet.volumes.plan.topology import pool_and_conv_props
 
-    budget = {"VOXJET_BENCH_EPOCHS": str(epochs), "VOXJET_BENCH_ITERS": str(steps // epochs),
-              "VOXJET_BENCH_SEED": str(seed), "VOXJET_BENCH_FULL_EPOCHS": str(full_epochs)}
+    budget = {
+        "VOXJET_BENCH_EPOCHS": str(epochs),
+        "VOXJET_BENCH_ITERS": str(steps // epochs),
+        "VOXJET_BENCH_SEED": str(seed),
+        "VOXJET_BENCH_FULL_EPOCHS": str(full_epochs),
+    }
     environ = {**nnunet_peer.env(work), "nnUNet_n_proc_DA": "2", "nnUNet_compile": "f", **budget}
     nnunet_peer.to_raw(msd, work, splits["train"] + splits["val"])
     d = str(nnunet_peer.DATASET_ID)
@@ -255,9 +259,11 @@ def report(rows: list[dict], steps: int, batch: int, threads: str, model: str) -
             print(f"| {c} | {what} | {nnu} | {vox} |")
     found = {side: all(((r[side].get("lesion") or {}).get("dice") or 0) > 0 for r in rows)
              for side in ("nnunet", "voxjet")}  # fmt: skip
-    print(f"\nboth found the lesion in every seed: {found['nnunet'] and found['voxjet']} "
-          f"(nnU-Net {found['nnunet']}, voxjet {found['voxjet']}); a comparison counts only "
-          "where both trained")
+    print(
+        f"\nboth found the lesion in every seed: {found['nnunet'] and found['voxjet']} "
+        f"(nnU-Net {found['nnunet']}, voxjet {found['voxjet']}); a comparison counts only "
+        "where both trained"
+    )
     print(f"\nseconds (training + test prediction), mean: nnU-Net "
           f"{np.mean([r['nnunet_s'] for r in rows]):.0f}, voxjet "
           f"{np.mean([r['voxjet_s'] for r in rows]):.0f}")  # fmt: skip

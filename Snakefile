@@ -47,9 +47,11 @@ onstart:
 
 
 onerror:
-    # each failed job's voxjet message, last on the console (below logs and tracebacks)
-    for line in failure_summary(log):
-        print(line, file=sys.stderr)
+    # each failed job's voxjet message, last on the console; voxjet's logger (the profiles'
+    # `logger: [voxjet]`) says them itself, after Snakemake's last lines
+    if "voxjet" not in workflow.output_settings.log_handler_settings:
+        for line in failure_summary(log):
+            print(line, file=sys.stderr)
 
 
 rule all:

@@ -1,8 +1,11 @@
 """Progress of long work: a tqdm bar on a terminal, plain periodic lines in a log file (rules
-send stderr to `logs/`, where a bar would be one line of carriage returns)."""
+send stderr to `logs/`, where a bar would be one line of carriage returns). Snakemake's console
+(voxjet's logger, snakemake_logger_plugin_voxjet) shows the newest such line of each running
+job: `latest_line` finds it."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -18,9 +21,26 @@ def _fmt_s(s: float) -> str:
     )
 
 
+# `desc: n/total unit, rate unit/s, m:ss elapsed[, m:ss left][, postfix]`, as Progress writes it
+LINE = re.compile(r"^[^:\n]{1,120}: \d+(?:/\d+)? \S+, \S+ \S+/s, [\d:]+ elapsed\b.*$", re.M)
+
+
+def latest_line(text: str) -> str | None:
+    """The last progress line Progress wrote in `text` (a log's newest part), or None."""
+    matches = LINE.findall(text)
+    return matches[-1] if matches else None
+
+
+def interval(elapsed_s: float, shortest: float = 10.0, longest: float = 30.0) -> float:
+    """Seconds between two lines after `elapsed_s`: short at first (a job of a minute still
+    shows several), then `longest`, so a day-long job writes a line every half minute."""
+    return min(longest, max(shortest, elapsed_s / 4))
+
+
 class Progress:
-    """`update(n)` as work gets done; on a terminal a tqdm bar, elsewhere one plain line at most
-    every `interval_s` seconds and one at the end (`desc: n/total unit, rate, elapsed, left`)."""
+    """`update(n)` as work gets done; on a terminal a tqdm bar, elsewhere one plain line every
+    `interval_s` seconds (None: `interval` of the time elapsed) and one at the end (`desc:
+    n/total unit, rate, elapsed, left`)."""
 
     def __init__(
         self,
@@ -29,7 +49,7 @@ class Progress:
         unit: str = "it",
         initial: int = 0,
         disable: bool = False,
-        interval_s: float = 30.0,
+        interval_s: float | None = None,
         stream: Any = None,
     ) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, initial
@@ -52,8 +72,11 @@ class Progress:
         self.n += n
         if self._bar is not None:
             self._bar.update(n)
-        elif not self.disabled and time.monotonic() - self._last >= self.interval_s:
-            self._line()
+        elif not self.disabled:
+            now = time.monotonic()
+            gap = self.interval_s if self.interval_s is not None else interval(now - self._start)
+            if now - self._last >= gap:
+                self._line()
 
     def set_postfix(self, **values: Any) -> None:
         """What to show after the count (e.g. the latest loss)."""
@@ -90,7 +113,7 @@ def progress(
     unit: str = "it",
     total: int | None = None,
     disable: bool = False,
-    interval_s: float = 30.0,
+    interval_s: float | None = None,
 ) -> Iterator[T]:
     """Iterate `items`, reporting progress as Progress does."""
     if total is None and hasattr(items, "__len__"):

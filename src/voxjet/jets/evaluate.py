@@ -30,6 +30,7 @@ from voxjet.jets.figures import (
 from voxjet.jets.metrics import jet_metrics
 from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
 from voxjet.jets.targets import parse_targets, regression_columns, regression_figure, target_metrics
+from voxjet.progress import Progress
 
 
 def _check_compatible(saved: dict, index: dict, model_path: str, shard_dir: str) -> None:
@@ -104,6 +105,8 @@ def score_share(
                     saved["model_config"].get("collections"))  # fmt: skip
     names = ("particles", "jets", "labels", "file", "entry",
              *(("targets",) if tagger.target_names else ()), *collection_keys(index))  # fmt: skip
+    # the main process's share stands for the job's: the shares are equal
+    bar = Progress(hi - lo, f"evaluate {part.parent.parent.name}", "jet", disable=not rt.is_main)
     with atomic_path(part) as tmp, h5py.File(tmp, "w") as f:
         for a, b in _chunks(lo, hi, chunk):
             c = load_columns(shard_dir, "test", names, opts, index, rows=(a, b))
@@ -121,7 +124,9 @@ def score_share(
             if "jet_pt" in index["jet_features"]:  # for the ROC in pT bins
                 cols["jet_pt"] = c["jets"][:, index["jet_features"].index("jet_pt")]
             _append(f, cols)
+            bar.update(b - a)
         f.attrs["rows"] = [lo, hi]
+    bar.close()
     return hi - lo
 
 

@@ -18,6 +18,7 @@ from voxjet.io.atomic import write_json
 from voxjet.io.integrity import corrupt_error
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
+from voxjet.progress import progress
 from voxjet.volumes.dataset.geometry import labels_to_original, probs_to_original
 from voxjet.volumes.dataset.images import save_nifti
 from voxjet.volumes.dataset.settings import CASE_FOLDERS
@@ -99,7 +100,9 @@ def evaluate(
             ev = open_evaluation(where, model_path, out_dir, read, split, previous)
             ev.model.to(rt.device)
             try:
-                for cid in ev.cases[rt.rank :: rt.world_size]:
+                mine = ev.cases[rt.rank :: rt.world_size]
+                name = f"evaluate {Path(model_path).parent.name}"
+                for cid in progress(mine, name, "case", disable=not rt.is_main):
                     evaluate_case(ev, cid, rt, overlap, mirror, probabilities)
             finally:
                 ev.store.close()

@@ -1,0 +1,94 @@
+"""The running jobs' progress, read from their logs: what voxjet's Snakemake logger prints while
+a training, evaluation or preprocessing job runs (its step, rate and time left), so the console
+says more than "n of 43 steps" for the quarter of an hour a training job takes.
+
+Each job's log is read from where the last look stopped (a job on a cluster node writes it on the
+shared file system). A job's newest progress line is shown when it is new and the job's last one
+on the console is older than `voxjet.progress.interval` of the job's age: often in a job's first
+minute, then every half minute. At most `most` jobs a look; the others are counted, so a cluster
+run of a thousand jobs does not flood the console."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from voxjet.progress import interval, latest_line
+
+TAIL_BYTES = 65536  # of a log grown by more since the last look, only its end is read
+
+
+@dataclass
+class Watched:
+    """One running job: where its log is, how far it was read, what the console last showed."""
+
+    label: str
+    log: Path
+    started: float
+    offset: int = 0
+    shown_at: float | None = None
+    newest: str | None = None
+    shown: str | None = None
+
+
+@dataclass
+class RunningJobs:
+    """The jobs Snakemake started and has not seen end, by job id."""
+
+    shortest: float = 10.0
+    longest: float = 30.0
+    most: int = 4
+    jobs: dict[int, Watched] = field(default_factory=dict)
+
+    def started(self, jobid: int, label: str, log: str | None, now: float | None = None) -> None:
+        """Watch a job from now (no log: nothing to show)."""
+        if log:
+            self.jobs[jobid] = Watched(label, Path(log), time.monotonic() if now is None else now)
+
+    def ended(self, jobid: int) -> None:
+        """Stop watching a job (finished or failed)."""
+        self.jobs.pop(jobid, None)
+
+    def _read(self, job: Watched) -> None:
+        try:
+            size = os.path.getsize(job.log)
+        except OSError:
+            return  # not started yet (a queued cluster job), or its log is elsewhere
+        if size < job.offset:  # truncated: a retry's fresh log
+            job.offset = 0
+        if size == job.offset:
+            return
+        start = max(job.offset, size - TAIL_BYTES)
+        with open(job.log, "rb") as f:
+            f.seek(start)
+            text = f.read(size - start).decode("utf-8", "replace")
+        job.offset = size
+        if start > 0:
+            text = text.split("\n", 1)[-1]  # a partial first line
+        line = latest_line(text)
+        if line:
+            job.newest = line
+
+    def due(self, now: float | None = None) -> list[str]:
+        """The console lines due now: each job's newest progress line not yet shown, if its
+        last one is old enough; the most stale first, at most `most`, then a count of the rest."""
+        now = time.monotonic() if now is None else now
+        ready = []
+        for jobid, job in self.jobs.items():
+            self._read(job)
+            if job.newest is None or job.newest == job.shown:
+                continue
+            gap = interval(now - job.started, self.shortest, self.longest)
+            if job.shown_at is None or now - job.shown_at >= gap:
+                ready.append((job.shown_at or job.started, jobid, job))
+        ready.sort(key=lambda r: r[:2])
+        lines = []
+        for _, jobid, job in ready[: self.most]:
+            job.shown, job.shown_at = job.newest, now
+            lines.append(f"    job {jobid} ({job.label}): {job.newest}")
+        if len(ready) > self.most:
+            lines.append(f"    … and {len(ready) - self.most} more running jobs with news in "
+                         "their logs")  # fmt: skip
+        return lines

@@ -151,6 +151,7 @@ def test_an_installed_wheel_works_from_any_folder(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "mine.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    (empty / "results").mkdir()  # where the workflow would have written its runs
     env = {**snakemake_env(), "PYTHONPATH": str(site)}  # the installed copy, not the checkout
     run = [sys.executable, "-m", "voxjet.cli"]
 

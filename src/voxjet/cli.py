@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from voxjet import __version__
 from voxjet.config import from_dict, parse_json_arg
@@ -219,7 +220,12 @@ def _aggregate(a: argparse.Namespace) -> None:
     if a.runs:
         runs = [from_dict(RunInfo, r, "--runs entry") for r in parse_json_arg(a.runs, "--runs")]
     elif a.from_config:
-        runs = runs_from_config(a.from_config, a.schema)
+        runs = runs_from_config(a.from_config, a.schema, a.results)
+        if not Path(a.results).is_dir():
+            raise VoxjetError(f"no results folder {a.results} (from {a.from_config}'s runs); "
+                              "give the folder the workflow wrote: --results DIR")  # fmt: skip
+        if a.benchmarks is None and Path(a.results, "benchmarks").is_dir():
+            a.benchmarks = str(Path(a.results, "benchmarks"))
     else:
         raise VoxjetError("aggregate: give --runs (what the workflow passes) or --from-config")
     out = aggregate(runs, a.out, a.benchmarks, a.plan, a.best)
@@ -504,6 +510,9 @@ def _args_aggregate(s: argparse.ArgumentParser) -> None:
     s.add_argument("--from-config", default=None,
                    help="a workflow config: summarise its runs that have metrics, list the "
                         "rest")  # fmt: skip
+    s.add_argument("--results", default="results",
+                   help="with --from-config: the results folder the workflow wrote (its runs' "
+                        "metrics and, unless --benchmarks, its benchmarks/)")  # fmt: skip
     s.add_argument("--schema", default=None,
                    help="the workflow's config schema (its defaults decide run names), for "
                         "--from-config; default: the one voxjet ships")  # fmt: skip

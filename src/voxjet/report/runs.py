@@ -8,9 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from voxjet.config import expand_runs, with_defaults
+from voxjet.config_file import read_config_file
 from voxjet.io.atomic import write_json
 
 
@@ -60,9 +59,17 @@ def write_runs(path: str | os.PathLike, runs: list[RunInfo]) -> None:
 
 
 def runs_from_config(
-    config_path: str | os.PathLike, schema_path: str | os.PathLike | None = None
+    config_path: str | os.PathLike,
+    schema_path: str | os.PathLike | None = None,
+    results: str | os.PathLike = "results",
 ) -> list[RunInfo]:
     """Every run a workflow config defines (for summarising by hand after some runs failed:
-    those are then listed as missing), named as the workflow names them."""
-    config = with_defaults(yaml.safe_load(Path(config_path).read_text()), schema_path)
-    return run_infos(expand_runs(config).values())
+    those are then listed as missing), named as the workflow names them, its outputs looked for
+    under `results` (the workflow's results/ folder, wherever it now is)."""
+    config = with_defaults(read_config_file(config_path), schema_path)
+    runs = run_infos(expand_runs(config).values())
+    if Path(results) != Path("results"):
+        for r in runs:
+            r.eval_metrics = str(Path(results, Path(r.eval_metrics).relative_to("results")))
+            r.train_metrics = str(Path(results, Path(r.train_metrics).relative_to("results")))
+    return runs

@@ -60,6 +60,27 @@ def test_running_jobs_show_new_lines_spaced_by_the_jobs_age(tmp_path):
     assert jobs.due(now=100.0) == []
 
 
+def test_lines_written_one_at_a_time_each_reach_the_console(tmp_path):
+    """A training log grows by one progress line between two looks (and a line can be half
+    written when looked at): each complete line is read whole, none dropped."""
+    log = tmp_path / "train.log"
+    log.write_text("launch: 1 process(es) a node on cpu\n")
+    jobs = RunningJobs(longest=1, shortest=1)
+    jobs.started(3, "train_jets part", str(log), now=0.0)
+    assert jobs.due(now=1.0) == []
+    shown, lines = [], _progress_lines(3).splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        half = len(line) // 2
+        with log.open("a") as f:
+            f.write(line[:half])
+        shown += jobs.due(now=10.0 * i + 5)
+        with log.open("a") as f:
+            f.write(line[half:])
+        shown += jobs.due(now=10.0 * i + 10)
+    assert [s.split("): ", 1)[1] for s in shown] == [line.strip() for line in lines]
+    assert len(lines) >= 3
+
+
 def test_many_running_jobs_are_counted_not_listed(tmp_path):
     jobs = RunningJobs(most=2)
     for i in range(5):

@@ -61,12 +61,17 @@ class RunningJobs:
         if size == job.offset:
             return
         start = max(job.offset, size - TAIL_BYTES)
+        skipped = start > job.offset  # grown by more than TAIL_BYTES: start inside a line
         with open(job.log, "rb") as f:
             f.seek(start)
-            text = f.read(size - start).decode("utf-8", "replace")
-        job.offset = size
-        if start > 0:
-            text = text.split("\n", 1)[-1]  # a partial first line
+            data = f.read(size - start)
+        end = data.rfind(b"\n") + 1  # a line still being written is read at the next look
+        if end == 0:
+            return
+        job.offset = start + end
+        text = data[:end].decode("utf-8", "replace")
+        if skipped:
+            text = text.split("\n", 1)[-1]
         line = latest_line(text)
         if line:
             job.newest = line

@@ -25,6 +25,8 @@ report: "workflow/report/workflow.rst"
 # the config checked (every problem named by key), validated against the schema voxjet ships
 # (config/schema.yaml links to it; its defaults filled in), and turned into the run graph
 G = build_or_exit(config, lambda c: validate(c, str(schema_file())))
+for notice in G.notices():  # said at the dry run, not found later in a job's log
+    print(notice, file=sys.stderr)
 
 
 include: "workflow/rules/common.smk"

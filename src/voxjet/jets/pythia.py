@@ -91,6 +91,21 @@ def missing() -> str | None:
     return None
 
 
+def not_installed() -> str | None:
+    """Why the generator cannot run here, from what is installed, without importing it (the
+    Snakefile asks at every start), or None."""
+    import importlib.util
+
+    def gone(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except ImportError:
+            return True
+
+    absent = [m for m in ("pythia8mc", "fastjet") if gone(m)]
+    return f"{MISSING} (not installed: {', '.join(absent)})" if absent else None
+
+
 def _require():
     why = missing()
     if why:

@@ -104,6 +104,22 @@ class Graph:
         """The folder or URL of a dataset given as already-prepared shards/cases (else None)."""
         return self.dataset(name)["source"].get("prepared")
 
+    def notices(self) -> list[str]:
+        """What a user should know before the run: a dataset the Pythia generator should make
+        that the toy generator will (its numbers then differ from README's demo table)."""
+        from voxjet.jets.pythia import not_installed
+
+        out = []
+        for name in self.datasets_of("jets"):
+            synthetic = self.dataset(name)["source"].get("synthetic")
+            if synthetic and synthetic.get("generator") == "pythia":
+                why = not_installed()
+                if why:
+                    out.append(f"voxjet: dataset {name}: its jets will come from the toy "
+                               f"generator, not Pythia, because {why}. The numbers will differ "
+                               "from README's demo table.")  # fmt: skip
+        return out
+
     def synth_args(self, name: str) -> str:
         """The generator's options of a synthetic dataset."""
         s = self.dataset(name)["source"]["synthetic"]

@@ -318,3 +318,26 @@ def test_two_sizes_give_a_speedup_not_a_fit_and_cpu_sizes_count_their_cores(tmp_
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[4] == "–" and float(cells[5]) == pytest.approx(0.9)  # no fit; the ratio
     assert float(cells[6]) == pytest.approx(0.9) and cells[8] == "2" and cells[9] == "1"
+
+
+def test_summary_html_has_the_ranked_tables_and_its_figures_inside(tmp_path):
+    """summary.html (the report's first page) holds summary.md's tables as tables and its
+    figures as data URIs, so it needs no file beside it."""
+    from voxjet.report.summary_html import summary_html
+
+    (tmp_path / "figures").mkdir()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.plot([0, 1])
+    plt.savefig(tmp_path / "figures" / "jets-j-roc.png")
+    plt.close()
+    md = ("# voxjet results\n\n## j (jets) — ranked by auc_macro\n\n| rank | run |\n|---|---|\n"
+          "| 1 | part ★ |\n| 2 | pfn |\n\n## Figures\n\n![jets-j-roc.png](figures/jets-j-roc.png)\n"
+          "\n![gone.png](figures/gone.png)\n")  # fmt: skip
+    page = summary_html(md, tmp_path)
+    assert "<td>part ★</td>" in page and page.index("part ★") < page.index("pfn")
+    assert page.count('src="data:image/png;base64,') == 1 and 'src="figures/gone.png"' in page
+    assert "<script" not in summary_html("<script>alert(1)</script>", tmp_path)

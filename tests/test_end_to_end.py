@@ -116,6 +116,7 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
         report = run_snakemake(workflow_dir, *command[1:])
         assert report.returncode == 0, report.stderr[-3000:]
         assert "summary.md" in html.read_text(errors="ignore")
+    _the_report_opens_on_the_ranked_runs(html, workflow_dir)
 
     again = run_snakemake(workflow_dir, "-n", "--configfile", str(tiny))
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -245,3 +246,21 @@ def test_demo_pipeline_end_to_end(workflow_dir, demo_config):
 
 def _out(result) -> str:
     return result.stdout + result.stderr
+
+
+def _the_report_opens_on_the_ranked_runs(html, workflow_dir):
+    """The report in headless Chromium: the page a user lands on shows each dataset's runs
+    ranked (best first, marked ★) and the summary's figures, not only Snakemake's headings."""
+    from browser import rendered
+
+    dom = rendered(html, workflow_dir / "results" / "report.png")
+    landing = dom[dom.index("voxjet-summary") :]
+    for dataset in ("toy_jets", "toy_ct"):
+        heading = landing.index(f"{dataset} (")
+        table = landing[heading : landing.index("</table>", heading)]
+        rows = [re.findall(r"<td>([^<]*)</td>", row) for row in table.split("<tr>")[2:]]
+        assert len(rows) >= 2 and "★" in rows[0][1], table[:2000]
+        assert [row[0] for row in rows] == [str(i) for i in range(1, len(rows) + 1)]
+        headline = [float(row[4]) for row in rows]  # auc_macro, dice_mean: best first
+        assert headline == sorted(headline, reverse=True), table[:2000]
+    assert landing.count('src="data:image/png;base64,') >= 5

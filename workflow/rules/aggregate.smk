@@ -43,6 +43,11 @@ rule aggregate:
             caption="../report/summary.rst",
             category="Summary",
         ),
+        html=report(
+            f"{paths.SUMMARY}/summary.html",
+            caption="../report/summary.rst",
+            category="Summary",
+        ),
         figures=report(
             directory(f"{paths.SUMMARY}/figures"),
             patterns=["{domain}-{dataset}-{figure}.png"],

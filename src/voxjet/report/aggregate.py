@@ -1,5 +1,6 @@
 """Gather each run's eval/metrics.json (and training log) into a tidy metrics.csv and a
-summary.md that ranks the runs of each dataset by its headline metric."""
+summary.md that ranks the runs of each dataset by its headline metric (and summary.html, the
+same with its figures inside, for the report's first page)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from voxjet.jets.figures import roc_overlay
 from voxjet.report import figures
 from voxjet.report.runs import RunInfo
 from voxjet.report.scaling import Point, scaling_figure, steady_rate, study_markdown, study_table
+from voxjet.report.summary_html import summary_html
 from voxjet.training.logger import read_metrics
 from voxjet.volumes.evaluation.figures import dice_boxes
 from voxjet.volumes.evaluation.find_best import summary_rows
@@ -549,4 +551,6 @@ def aggregate(
         md += "\n## Figures\n\n" + "".join(f"![{n}](figures/{n})\n\n" for n in names)
     with atomic_path(out / "summary.md") as tmp:
         tmp.write_text(md)
+    with atomic_path(out / "summary.html") as tmp:
+        tmp.write_text(summary_html(md, out))
     return {"rows": len(rows), "missing": [m.run for m in missing], "figures": names}

@@ -70,15 +70,20 @@ lint: dev-venv
 	$(BIN)/lint-imports
 	$(RUN) $(BIN)/snakemake --lint
 
-# the whole suite (CI: .ci/run); `make test-fast` leaves out the end-to-end runs (marker slow).
+# CI's suite (.ci/run): everything but the long studies (marker long: every --until, retries on
+# the fake SLURM, compile, every benchmark; `make test-all` runs them too); `make test-fast`
+# also leaves out the end-to-end runs (marker slow).
 # Two pytest workers, a test file each at a time: the workflow tests spend much of their time
 # waiting on subprocesses (Snakemake, torchrun, the fake SLURM's polling), and a file's session
 # fixtures and fake SLURM job numbers stay in one process
 test: lint
+	$(PYTEST) -m "not long" $(TEST_ARGS)
+
+test-all: lint
 	$(PYTEST) $(TEST_ARGS)
 
 test-fast: dev-venv
-	$(PYTEST) -m "not slow" $(TEST_ARGS)
+	$(PYTEST) -m "not slow and not long" $(TEST_ARGS)
 
 clean-demo:
 	rm -rf results resources logs .snakemake

@@ -54,6 +54,7 @@ CASES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_benchmark_runs_on_tiny_data(name, tmp_path):
@@ -69,6 +70,7 @@ def test_benchmark_runs_on_tiny_data(name, tmp_path):
     assert "target" in r.stdout or "goal" in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_gpu_benchmark_runs_every_row_on_the_cpu(tmp_path):
     # the script a GPU machine runs once: on the CPU with tiny shapes, every section must

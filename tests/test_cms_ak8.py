@@ -77,6 +77,7 @@ def test_the_ak8_config_gives_weavers_own_inputs_for_every_selected_jet(cms):
     assert compared == len(ours) > 20 * 12
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_workflow_runs_the_published_ak8_config_with_both_particlenets(cms, workflow_dir):
     """As published (awkward-0's `awkward.JaggedArray.ones_like`, tree named by the

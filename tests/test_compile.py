@@ -68,6 +68,7 @@ CASES = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compiled_step_equals_eager(name):
     build, data, step = CASES[name]

@@ -238,6 +238,7 @@ def test_the_config_check_refuses_2d_where_it_cannot_run(demo_config):
         check_config(cfg, schema)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_workflow_cross_validates_2d_and_3d_lowres_beside_3d_and_chooses(tmp_path):
     """Real snakemake on tiny data: 3d_fullres, 2d and 3d_lowres experiments, two folds each,

@@ -95,6 +95,7 @@ def _message(result, rule: str) -> str:
         (_empty_file_added, "shard_jets", "QCD_002.root"),
     ],
 )
+@pytest.mark.long
 def test_a_bad_source_fails_the_second_run_too(wf, fault, rule, words):
     original = {p.name: p.read_bytes() for p in (wf / "src").iterdir()}
     fault(wf)
@@ -112,6 +113,7 @@ def test_a_bad_source_fails_the_second_run_too(wf, fault, rule, words):
         assert "Nothing to be done" in run_snakemake(wf, *ARGS, "-n").stdout
 
 
+@pytest.mark.long
 def test_flipped_bytes_in_a_train_shard_fail_the_second_run_too(wf):
     from test_faults import flip
 
@@ -167,6 +169,7 @@ def test_a_source_file_present_twice_is_refused_naming_both(wf):
     assert "1 files left out as duplicates of others: QCD_007.root (= QCD_000.root)" in log
 
 
+@pytest.mark.long
 def test_flipped_bytes_in_a_case_file_fail_the_second_run_too(tmp_path):
     from test_faults import flip
 

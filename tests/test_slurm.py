@@ -200,6 +200,7 @@ def speedy(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return {**env, "SNAKEMAKE_PROFILE": str(prof)}
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_whole_workflow_through_the_slurm_executor(workflow_dir, fake_slurm, tmp_path):
     env, state = fake_slurm
@@ -328,6 +329,7 @@ def yaml_config(workflow_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     workflow_dir, fake_slurm
@@ -398,6 +400,7 @@ def test_cancelled_training_is_retried_and_resumes_to_the_uninterrupted_result(
     assert a == b
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_many_shard_parts_go_to_slurm_as_job_arrays_and_all_finish(tmp_path, fake_slurm):
     """200 shard parts (jets.shard_jobs) with the slurm profile as README runs it: four sbatch

@@ -108,6 +108,7 @@ def test_until_a_rule_right_after_the_stage_runs_it_on_a_fresh_clone(fresh, tmp_
     assert len(outputs) == {"shard_jets": 2, "plan_volumes": 1, "preprocess_case": 5}[rule]
 
 
+@pytest.mark.long
 def test_every_rule_alone_then_forced_alone_then_omitted(fresh, tmp_path):
     wf = _copy(fresh, tmp_path / "wf")
     for rule in RULES:  # stage by stage: each `--until` finds its upstream done
@@ -126,6 +127,7 @@ def test_every_rule_alone_then_forced_alone_then_omitted(fresh, tmp_path):
 
 @pytest.mark.parametrize("rule,ran", [("index_jets", "shard_jets"),
                                       ("gather_cases", "preprocess_case")])  # fmt: skip
+@pytest.mark.long
 def test_omit_from_a_rule_runs_what_it_needs_on_a_fresh_clone(fresh, tmp_path, rule, ran):
     """(The other domain left out: it would run whole, having nothing to omit.)"""
     wf = _copy(fresh, tmp_path / "wf")

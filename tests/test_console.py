@@ -38,7 +38,7 @@ def test_latest_line_finds_what_progress_writes_and_nothing_else():
 
 
 def test_the_interval_is_short_at_first_and_half_a_minute_later():
-    assert interval(0) == 10 and interval(60) == 15 and interval(3600) == 30
+    assert interval(0) == 5 and interval(60) == 15 and interval(3600) == 30
 
 
 def test_running_jobs_show_new_lines_spaced_by_the_jobs_age(tmp_path):

@@ -31,7 +31,7 @@ def latest_line(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
-def interval(elapsed_s: float, shortest: float = 10.0, longest: float = 30.0) -> float:
+def interval(elapsed_s: float, shortest: float = 5.0, longest: float = 30.0) -> float:
     """Seconds between two lines after `elapsed_s`: short at first (a job of a minute still
     shows several), then `longest`, so a day-long job writes a line every half minute."""
     return min(longest, max(shortest, elapsed_s / 4))

@@ -37,7 +37,7 @@ class Watched:
 class RunningJobs:
     """The jobs Snakemake started and has not seen end, by job id."""
 
-    shortest: float = 10.0
+    shortest: float = 5.0
     longest: float = 30.0
     most: int = 4
     jobs: dict[int, Watched] = field(default_factory=dict)

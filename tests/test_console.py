@@ -81,6 +81,20 @@ def test_lines_written_one_at_a_time_each_reach_the_console(tmp_path):
     assert len(lines) >= 3
 
 
+def test_a_finished_jobs_last_line_is_said_once_if_it_was_watched(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(_progress_lines(1))
+    jobs = RunningJobs()
+    jobs.started(1, "train_jets pfn", str(log), now=0.0)
+    jobs.started(2, "preprocess_case c", str(tmp_path / "quiet.log"), now=0.0)
+    assert len(jobs.due(now=6.0)) == 1
+    with log.open("a") as f:
+        f.write(_progress_lines(3))
+    (last,) = jobs.finished(1)
+    assert "3/3 step" in last and jobs.finished(1) == []
+    assert jobs.finished(2) == []  # never shown a line: a short job stays quiet
+
+
 def test_many_running_jobs_are_counted_not_listed(tmp_path):
     jobs = RunningJobs(most=2)
     for i in range(5):

@@ -4,7 +4,7 @@ Snakemake's own lines as its default handler prints them, and:
 
 - while jobs run, the newest progress line of each (step or case, rate, time left), read from
   its log (voxjet.watch): often in a job's first minute, then every `--logger-voxjet-interval`
-  seconds at most;
+  seconds at most, and a watched job's last line when it finishes;
 - at the end of a failed run, each failed job's voxjet message (the file, the key, the fix) as
   one line, once, as the console's last lines (its log keeps the whole story);
 - Snakemake's traceback for a `--configfile` that does not exist or is not YAML as one line
@@ -106,6 +106,7 @@ class LogHandler(LogHandlerBase):
         """Track jobs and failures; print the record as Snakemake's console would, except a
         traceback that voxjet says in one line."""
         event = getattr(record, "event", None)
+        last: list[str] = []
         with self.jobs_lock:
             if event == LogEvent.JOB_INFO:
                 self.logs[record.jobid] = _first_log(record)
@@ -113,7 +114,7 @@ class LogHandler(LogHandlerBase):
                     self.watch.started(record.jobid, _label(record), self.logs[record.jobid])
                     self._start_thread()
             elif event == LogEvent.JOB_FINISHED:
-                self.watch.ended(record.job_id)
+                last = self.watch.finished(record.job_id)
                 self.failed.pop(record.job_id, None)  # a retry that succeeded
             elif event == LogEvent.JOB_ERROR:
                 self.watch.ended(record.jobid)
@@ -126,6 +127,8 @@ class LogHandler(LogHandlerBase):
             short = config_error_line(message, sys.argv)
             if short:
                 record = logging.makeLogRecord({**record.__dict__, "msg": short, "args": ()})
+        for line in last:
+            self._say(line)
         self._print(record)
 
     def _print(self, record: logging.LogRecord) -> None:

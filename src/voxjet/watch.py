@@ -48,8 +48,22 @@ class RunningJobs:
             self.jobs[jobid] = Watched(label, Path(log), time.monotonic() if now is None else now)
 
     def ended(self, jobid: int) -> None:
-        """Stop watching a job (finished or failed)."""
+        """Stop watching a job (failed: its error is said instead)."""
         self.jobs.pop(jobid, None)
+
+    def finished(self, jobid: int) -> list[str]:
+        """Stop watching a job that finished: its last progress line (the whole run's steps,
+        rate and time), if the console showed an earlier one and not this; jobs too short to
+        have shown one stay quiet, so a thousand short jobs add nothing."""
+        job = self.jobs.pop(jobid, None)
+        if job is None or job.shown is None:
+            return []
+        self._read(job)
+        return [self._line(jobid, job)] if job.newest != job.shown else []
+
+    @staticmethod
+    def _line(jobid: int, job: Watched) -> str:
+        return f"    job {jobid} ({job.label}): {job.newest}"
 
     def _read(self, job: Watched) -> None:
         try:
@@ -92,7 +106,7 @@ class RunningJobs:
         lines = []
         for _, jobid, job in ready[: self.most]:
             job.shown, job.shown_at = job.newest, now
-            lines.append(f"    job {jobid} ({job.label}): {job.newest}")
+            lines.append(self._line(jobid, job))
         if len(ready) > self.most:
             lines.append(f"    … and {len(ready) - self.most} more running jobs with news in "
                          "their logs")  # fmt: skip

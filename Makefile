@@ -19,7 +19,7 @@ TORCH_INDEX ?= $(shell \
   elif $(PYTHON) -m pip install --dry-run --no-index --no-deps -q torch==$(TORCH_VERSION) >/dev/null 2>&1; then echo ""; \
   else echo "--index-url https://download.pytorch.org/whl/cpu"; fi)
 
-.PHONY: venv dev-venv bench-venv demo dryrun test test-fast lint clean-demo
+.PHONY: venv dev-venv bench-venv demo demo-full dryrun test test-all test-fast lint clean-demo
 
 venv: $(VENV)/.installed
 dev-venv: $(VENV)/.installed-dev
@@ -60,6 +60,10 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 demo: venv
 	$(RUN) $(BIN)/snakemake --cores $(CORES)
+
+# the longer demo (config/demo-full.yaml): more jets and steps, every particle input
+demo-full: venv
+	$(RUN) $(BIN)/snakemake --cores $(CORES) --configfile config/demo-full.yaml
 
 dryrun: venv
 	$(RUN) $(BIN)/snakemake -n

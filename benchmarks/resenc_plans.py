@@ -26,12 +26,12 @@ COMPARED = ("patch_size", "batch_size", "strides", "kernels")
 
 
 def toy_ct(root: Path) -> Path:
-    """The demo's toy CT set (its synthetic settings from config/config.yaml)."""
+    """The demo's toy CT set (its synthetic settings from config/demo-full.yaml)."""
     import yaml
 
     from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "config" / "demo-full.yaml").read_text())
     synth = cfg["datasets"]["toy_ct"]["source"]["synthetic"]
     return generate_dataset(root / "msd", ToyVolumesConfig(**synth), progress=False)
 

@@ -101,7 +101,7 @@ def toy_ct(root: Path, cases: int) -> tuple[Path, list[int]]:
 
     from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
 
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "config" / "demo-full.yaml").read_text())
     ds = cfg["datasets"]["toy_ct"]
     synth = {**ds["source"]["synthetic"], "train_cases": cases}
     msd = generate_dataset(root / "toy_ct", ToyVolumesConfig(**synth), progress=False)
@@ -307,7 +307,7 @@ def main() -> None:
     args.steps = args.epochs * args.iters
     threads = os.environ.setdefault("OMP_NUM_THREADS", "2")
     install_trainer()
-    demo = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["experiments"]["unet"]
+    demo = yaml.safe_load((ROOT / "config" / "demo-full.yaml").read_text())["experiments"]["unet"]
     train = {**demo["train"], "iterations_per_epoch": args.iters}
     run_cfg = {"model": json.loads(args.model), "train": train}
     rows = previous_rows(args.previous) if args.previous else []

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def demo_settings() -> tuple[dict, dict, dict]:
     """(synthetic source, volumes section, run config) of the demo's toy_ct and unet."""
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg = yaml.safe_load((ROOT / "config" / "demo-full.yaml").read_text())
     ds = cfg["datasets"]["toy_ct"]
     exp = cfg["experiments"]["unet"]
     return ds["source"]["synthetic"], ds["volumes"], {"model": exp["model"], "train": exp["train"]}

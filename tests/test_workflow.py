@@ -20,7 +20,7 @@ DEMO_JOBS = {
     "shard_jets": 2,
     "index_jets": 1,
     "plan_volumes": 1,
-    "preprocess_case": 16,
+    "preprocess_case": 10,
     "gather_cases": 1,
     "train_jets": 6,  # 4 runs, and particlenet's scaling study at 1 and 2 processes
     "train_seg": 2,
@@ -37,6 +37,19 @@ def test_dry_run_lists_every_demo_job(workflow_dir):
     r = run_snakemake(workflow_dir, "-n")
     assert r.returncode == 0, r.stderr + r.stdout
     assert job_counts(r.stdout) == DEMO_JOBS
+
+
+def test_the_dry_run_says_when_the_toy_generator_stands_in_for_pythia(workflow_dir):
+    from conftest import snakemake_env
+
+    r = run_snakemake(workflow_dir, "-n")
+    assert "toy generator" not in r.stderr  # pythia8mc is installed here
+    hidden = run_snakemake(workflow_dir, "-n", env={**snakemake_env(),
+                                                    "HIDE_PACKAGES": "pythia8mc"})  # fmt: skip
+    assert hidden.returncode == 0, hidden.stderr[-2000:]
+    (line,) = [x for x in hidden.stderr.splitlines() if "toy generator" in x]
+    assert line.startswith("voxjet: dataset toy_jets: its jets will come from the toy generator")
+    assert "pip install 'voxjet[pythia]'" in line and "README's demo table" in line
 
 
 def test_dry_run_with_slurm_profile_lists_every_demo_job(workflow_dir):

@@ -1,4 +1,4 @@
-"""The command lines README.md shows, for the tests that run them as written. Every command in
+"""The command lines README.md and the docs/ pages it links to show, for the tests that run them as written. Every command in
 README's code blocks (and every inline `snakemake ...`/`voxjet ...` command) must be one of
 COMMANDS, and every entry of COMMANDS is run by a test (tests/test_readme.py checks both)."""
 
@@ -9,6 +9,8 @@ import shlex
 from pathlib import Path
 
 README_PATH = Path(__file__).resolve().parents[1] / "README.md"
+# the pages README links to: their commands count as README's
+DOCS = sorted((README_PATH.parent / "docs").glob("*.md"))
 
 COMMANDS = {
     "dry-run": "snakemake -n --configfile my_config.yaml",
@@ -35,7 +37,8 @@ COMMANDS = {
     "data/Task01_lesions_relabelled",
 }
 # run by make itself (CI runs `make test`; the others are Makefile targets checked by test_readme)
-MAKE = {"make demo", "make test", "make dev-venv", "make lint", "make test-fast"}
+MAKE = {"make demo", "make demo-full", "make test", "make dev-venv", "make lint", "make test-fast",
+        "make test-all"}
 SHELL = {"source .venv/bin/activate"}
 
 README = {k: shlex.split(v) for k, v in COMMANDS.items()}
@@ -44,7 +47,8 @@ README = {k: shlex.split(v) for k, v in COMMANDS.items()}
 def readme_commands(text: str | None = None) -> set[str]:
     """Every command line README shows: lines of its bash blocks (comments dropped) and inline
     code spans that start with `snakemake ` or `voxjet ` (without a <placeholder>)."""
-    text = README_PATH.read_text() if text is None else text
+    if text is None:
+        text = "\n".join(p.read_text() for p in [README_PATH, *DOCS])
     found: set[str] = set()
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():

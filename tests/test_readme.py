@@ -26,3 +26,27 @@ def test_readme_make_targets_exist():
         target = line.split()[1]
         r = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+
+
+def test_readmes_demo_tables_are_what_the_script_makes_from_the_recorded_runs():
+    """README's tables are never typed: benchmarks/demo_table.py makes them from the demo runs'
+    metrics.csv kept in benchmarks/ (demo_metrics.csv: `make demo`; demo_full_metrics.csv:
+    `make demo-full`), and the numbers a user reads are the ones those runs measured."""
+    import csv
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "demo_table", REPO / "benchmarks" / "demo_table.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (REPO / "README.md").read_text()
+    for block, recorded in (("demo-table", "demo_metrics.csv"),
+                            ("demo-full-table", "demo_full_metrics.csv")):  # fmt: skip
+        with open(REPO / "benchmarks" / recorded, newline="") as f:
+            rows = list(csv.DictReader(f))
+        table = module.demo_table(rows)
+        assert module.replace_block(readme, table, block) == readme, block
+        aucs = {r["run"]: float(r["value"]) for r in rows
+                if r["split"] == "test" and r["metric"] == "auc_macro"}  # fmt: skip
+        assert f"| {max(aucs.values()):.3f} |" in table

@@ -1,6 +1,7 @@
-"""The command lines README.md and the docs/ pages it links to show, for the tests that run them as written. Every command in
-README's code blocks (and every inline `snakemake ...`/`voxjet ...` command) must be one of
-COMMANDS, and every entry of COMMANDS is run by a test (tests/test_readme.py checks both)."""
+"""The command lines README.md and the docs/ pages it links to show, for the tests that run
+them as written. Every command in their code blocks (and every inline `snakemake ...`/`voxjet
+...` command) must be one of COMMANDS, and every entry of COMMANDS is run by a test
+(tests/test_readme.py checks both)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,15 @@ COMMANDS = {
     "data/Task01_lesions_relabelled",
 }
 # run by make itself (CI runs `make test`; the others are Makefile targets checked by test_readme)
-MAKE = {"make demo", "make demo-full", "make test", "make dev-venv", "make lint", "make test-fast",
-        "make test-all"}
+MAKE = {
+    "make demo",
+    "make demo-full",
+    "make test",
+    "make dev-venv",
+    "make lint",
+    "make test-fast",
+    "make test-all",
+}
 SHELL = {"source .venv/bin/activate"}
 
 README = {k: shlex.split(v) for k, v in COMMANDS.items()}

@@ -39,6 +39,17 @@ def snakemake_env() -> dict[str, str]:
     return env
 
 
+def same_tensor(a, b) -> bool:
+    """Equal to the bit, NaN equal to NaN (a standardiser's `missing` holds NaN for "none")."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    return a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def copy_workflow(dest: Path) -> Path:
     """The workflow's files (no data, no results) copied into the new folder `dest`."""
     dest.mkdir(parents=True)

@@ -33,8 +33,12 @@ from slurm_jobs import command_threads, dry_jobs, sbatch_of
 
 
 def readme_site() -> dict:
-    """The `site:` example README's cluster section shows (the set-ups below use it)."""
-    section = (REPO / "README.md").read_text().split("## Run on a cluster: SLURM or HTCondor")[1]
+    """The `site:` example docs/cluster.md shows (the set-ups below use it)."""
+    section = (
+        (REPO / "docs" / "cluster.md")
+        .read_text()
+        .split("## Run on a cluster: SLURM or HTCondor")[1]
+    )
     block = re.search(r"```yaml\n(.*?)```", section, re.S)[1]
     return yaml.safe_load(block)["site"]
 
@@ -180,21 +184,22 @@ def test_the_submissions_are_shown_before_any_is_made(tmp_path, demo_config):
     lines = r.stdout.splitlines()
     heads = [ln for ln in lines if ln.startswith("rule ")]
     sbatch = [ln.strip() for ln in lines if ln.startswith("  sbatch ")]
-    assert len(heads) == len(sbatch) == 42, (len(heads), len(sbatch))
+    assert len(heads) == len(sbatch) == 36, (len(heads), len(sbatch))
     train = next(i for i, ln in enumerate(lines) if ln.startswith("rule train_jets (dataset="))
     assert "-p cpu" in lines[train + 1] and "--cpus-per-task=2" in lines[train + 1]
     arrays = [ln for ln in sbatch if "job array" in ln]
-    assert len(arrays) == 2 + 16 and all("-p cpu" in ln for ln in arrays)
+    assert len(arrays) == 2 + 10 and all("-p cpu" in ln for ln in arrays)
     assert not (wf / "results").exists()
 
 
-# ---- README's table of what the jobs ask for ---------------------------------------------------
+# ---- docs/cluster.md's table of what the jobs ask for ---------------------------------------
 
 TABLE = re.compile(r"<!-- cluster-table -->\n.*?<!-- end cluster-table -->", re.S)
 
 
 def render_table(demo: dict, tmp: Path) -> str:
-    """README's table: per rule, what its jobs ask for in the demo and with a GPU experiment."""
+    """docs/cluster.md's table: per rule, what its jobs ask for in the demo and with a GPU
+    experiment."""
     wf = copy_workflow(tmp / "wf")
     rows = {}
     configs = setups(demo, tmp)
@@ -218,7 +223,7 @@ def render_table(demo: dict, tmp: Path) -> str:
 
 
 def test_readme_table_is_what_the_dry_run_asks_for(tmp_path, demo_config):
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "cluster.md").read_text()
     (table,) = TABLE.findall(readme)
     assert table == render_table(demo_config, tmp_path), "run `python tests/test_cluster.py`"
 
@@ -230,6 +235,6 @@ if __name__ == "__main__":
     demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         table = render_table(demo, Path(tmp))
-    path = REPO / "README.md"
+    path = REPO / "docs" / "cluster.md"
     path.write_text(TABLE.sub(lambda _: table, path.read_text()))
     print(f"{path}: cluster table rewritten")

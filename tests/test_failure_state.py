@@ -77,12 +77,13 @@ def _twice(wf: Path, *extra: str):
 
 
 def _message(result, rule: str) -> str:
-    """The voxjet error line Snakemake shows from the failed job's log."""
+    """The failed job's voxjet error, as the console's last line says it (`voxjet: RULE failed
+    (LOG): MESSAGE`, from the job's log)."""
     assert result.returncode != 0, result.stderr[-3000:]
     assert f"Error in rule {rule}:" in result.stderr, result.stderr[-3000:]
-    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("voxjet ") and "error:" in ln]
-    assert lines, result.stderr[-3000:]
-    return lines[-1]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"voxjet: {rule} failed ("), result.stderr[-3000:]
+    return last.split("): ", 1)[1]
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,7 @@ def test_voxjets_own_fingerprint_of_the_toy_set_is_nnunets(nnunet_reference):
     from voxjet.volumes.dataset.synth import ToyVolumesConfig, generate_dataset
     from voxjet.volumes.plan.fingerprint import inspect_cases
 
-    synth = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["datasets"]["toy_ct"]
+    synth = yaml.safe_load((ROOT / "config" / "demo-full.yaml").read_text())["datasets"]["toy_ct"]
     with tempfile.TemporaryDirectory() as tmp:
         msd = generate_dataset(Path(tmp), ToyVolumesConfig(**synth["source"]["synthetic"]),
                                progress=False)  # fmt: skip

@@ -153,7 +153,8 @@ def test_bad_weights_are_refused_at_the_config_check(demo_config, change, match)
     from voxjet.config import check_config
 
     ds = next(d for d in demo_config["datasets"].values() if d["domain"] == "jets")
-    ds.setdefault("jets", {})["weights"] = {**_weights(), **change}
+    ds.setdefault("jets", {})["labels"] = LABELS  # the classes _weights() names
+    ds["jets"]["weights"] = {**_weights(), **change}
     with pytest.raises(VoxjetError, match=rf"datasets\.\w+\.jets\.weights.*{match}"):
         check_config(demo_config, Path(__file__).parents[1] / "config" / "schema.yaml")
 

@@ -49,14 +49,14 @@ def test_the_demo_graph_has_every_job_the_rules_ask_for(demo_config, in_tmp):
     g = build(copy.deepcopy(demo_config), fill_defaults)
     assert g.datasets_of("jets") == ["toy_jets"] and g.datasets_of("volumes") == ["toy_ct"]
     assert g.shard_parts("toy_jets") == [f"results/toy_jets/shards/part_{k:04d}" for k in (0, 1)]
-    assert g.case_ids("toy_ct") == [f"toy_{i:03d}" for i in range(16)]
+    assert g.case_ids("toy_ct") == [f"toy_{i:03d}" for i in range(10)]
     jets = ["part", "particlenet", "particlenet_scale-1", "particlenet_scale-2", "pfn_lr-0.001",
             "pfn_lr-0.003"]  # fmt: skip
     assert sorted(g.runs_of("jets")) == jets
     # scaling runs are timed, never evaluated
     assert len(g.evaluations()) == 6 and len(g.train_logs()) == 8
     assert "results/toy_jets/runs/particlenet_scale-2/eval/metrics.json" not in g.evaluations()
-    assert g.synth_args("toy_ct") == "--train-cases 16 --test-cases 2 --seed 7"
+    assert g.synth_args("toy_ct") == "--train-cases 10 --test-cases 2 --seed 7"
     # generated data is not a local source: any restage reruns what reads it
     assert not g.untimed_sources("toy_jets") and g.source_digest("toy_jets") == ""
     assert g.stage_input("toy_jets") == g.generated("toy_jets") == ["resources/synthetic/toy_jets"]

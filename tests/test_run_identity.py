@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, snakemake_env
+from conftest import BIN, same_tensor, snakemake_env
 
 from voxjet.distributed.runtime import init_runtime
 from voxjet.jets.train import JetTask
@@ -41,7 +41,7 @@ def test_raising_steps_continues_to_the_straight_runs_weights(shards, tmp_path, 
     assert "last.pt at step 20" in capfd.readouterr().err
     a = _weights(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = _weights(tmp_path / "grown" / "checkpoints" / "last.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(same_tensor(a[k], b[k]) for k in a)
     steps = [r["step"] for r in read_metrics(tmp_path / "grown" / "metrics.jsonl") if "loss" in r]
     assert steps == [5, 10, 15, 20, 30, 40]  # the old interval, then the new one
     assert not list(tmp_path.glob("grown/checkpoints.refused-*"))
@@ -57,7 +57,7 @@ def test_a_changed_setting_moves_the_checkpoint_aside_and_restarts(shards, tmp_p
     assert torch.load(aside / "last.pt", weights_only=True)["step"] == 20  # kept, not deleted
     _train(shards, tmp_path / "ref", steps=20, lr=1e-2)
     a, b = _weights(tmp_path / "model.pt"), _weights(tmp_path / "ref" / "model.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert all(same_tensor(a[k], b[k]) for k in a)
 
 
 def test_forced_rerun_of_a_completed_run_trains_afresh(shards, tmp_path, capfd):

@@ -215,7 +215,7 @@ def _nan(src):
     [
         (_truncate, r"Wqq_000\.root.*(cannot open as ROOT|truncated or corrupt)"),
         (_not_root, r"Wqq_000\.root: cannot open as ROOT"),
-        (_other_tree, r"Wqq_000\.root: no tree 'tree' \(found \['other'\]\)"),
+        (_other_tree, r"Wqq_000\.root: no tree named 'tree' \(it has \['other'\]\)"),
         (
             _other_type,
             r"Wqq_000\.root: branch 'jet_pt' of tree 'tree' is float64, but float32",

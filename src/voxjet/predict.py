@@ -33,6 +33,13 @@ def jet_inputs(inputs: list[str], key: str = "--input") -> list[tuple[str, str]]
     them (a CLI option or a config key), for messages."""
     found: list[tuple[str, str]] = []
     for item in inputs:
+        if item.lower().endswith(".parquet"):
+            raise VoxjetError(
+                f"{key} {item}: predict reads ROOT files (it writes each file's scores as a "
+                "ROOT file of the same tree and entries); Parquet inputs are read by the shard "
+                "stage only. Convert them back with uproot, or evaluate them as a dataset's "
+                "test split (jets.split_files)"
+            )
         if item.endswith(".root") and "://" not in item and Path(item).is_file():
             found.append((item, Path(item).name))
             continue

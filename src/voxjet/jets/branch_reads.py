@@ -1,7 +1,8 @@
-"""What a dataset's data config reads from its ROOT files (the branches its features, labels,
-targets, collections, selection and weights need), which key asks for each, and a file checked
-against it: the shard jobs refuse a file without them, and the dry run checks the first local
-source file the same way, so a misnamed branch or tree stops before any job."""
+"""What a dataset's data config reads from its ROOT (or Parquet) files (the branches its
+features, labels, targets, collections, selection and weights need), which key asks for each,
+and a file checked against it: the shard jobs refuse a file without them, and the dry run
+checks the first local source file the same way, so a misnamed branch or tree stops before
+any job."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from voxjet.errors import VoxjetError
+from voxjet.io.parquet_files import is_parquet
+from voxjet.io.trees import open_tree, table_words
 from voxjet.jets import reweight
 from voxjet.jets.collections import collection_inputs, parse_collections
 from voxjet.jets.data_config import JetDataConfig
@@ -81,17 +84,19 @@ def readers(branch: str, cfg: JetDataConfig, reads: Reads) -> list[str]:
 
 def missing_message(path: Any, tree: Any, cfg: JetDataConfig, reads: Reads,
                     missing: list[str]) -> str:  # fmt: skip
-    """Which branches a tree lacks, what asks for each, and where to fix it."""
+    """Which branches a tree (or columns a Parquet file) lacks, what asks for each, and where
+    to fix it."""
+    table, column = table_words(path, cfg.tree_name)
     said = []
     for b in missing:
         keys = readers(b, cfg, reads) or ["the data config"]
         close = difflib.get_close_matches(b, list(tree.keys()), n=1, cutoff=0.8)
         said.append(f"{b!r} (read by {', '.join(keys)}"
-                    + (f"; the tree has {close[0]!r}" if close else "") + ")")  # fmt: skip
+                    + (f"; it has {close[0]!r}" if close else "") + ")")  # fmt: skip
     where = (f"the weaver data config {cfg.weaver_config} (its inputs, new_variables and "
              "labels), or the dataset's jets section" if cfg.weaver_config
              else "those keys of the dataset's jets section")  # fmt: skip
-    return (f"{path}: tree {cfg.tree!r} has no branch {'; no '.join(said)}; fix {where}, or "
+    return (f"{path}: {table} has no {column} {'; no '.join(said)}; fix {where}, or "
             "drop files that lack it (jets.on_bad_file: skip)")  # fmt: skip
 
 
@@ -105,21 +110,16 @@ def tree_key(cfg: JetDataConfig, dataset: str = "") -> str:
 def check_source_file(path: str | Path, cfg: JetDataConfig, dataset: str) -> None:
     """A source file has the tree and every branch the config reads (the dry run's look at
     one file: a typo found before staging and sharding, not after)."""
-    import uproot
-
-    from voxjet.io.trees import tree_names
-
+    if is_parquet(path) and cfg.tree is not None and not cfg.weaver_config:
+        raise VoxjetError(f"{path}: a Parquet file has no trees, but datasets.{dataset}.jets.tree "
+                          f"is {cfg.tree!r}: remove it")  # fmt: skip
     try:
-        f = uproot.open(path)
-    except Exception as e:  # the stage reports unreadable files with their own message
-        raise VoxjetError(f"{path}: cannot open as ROOT ({type(e).__name__}: {e})") from e
+        f, tree = open_tree(
+            path, cfg.tree_name, f"set {tree_key(cfg, dataset)} to the tree your files hold"
+        )
+    except VoxjetError as e:  # the stage reports unreadable files with their own message
+        raise VoxjetError(str(e).replace("; re-stage the file", "")) from e
     with f:
-        if cfg.tree not in f:
-            raise VoxjetError(
-                f"{path}: no tree named {cfg.tree!r} (it has {tree_names(f)}); "
-                f"set {tree_key(cfg, dataset)} to the tree your files hold"
-            )
-        tree = f[cfg.tree]
         reads = reads_of(cfg)
         missing = [b for b in needed(cfg, reads) if b not in tree]
         if missing:

@@ -24,13 +24,16 @@ from voxjet.jets.weaver_config import resolve
 FORMAT_VERSION = 5
 SHARD_KEYS = ("particles", "jets", "labels", "file", "entry")
 SPLITS = ("train", "val", "test")
+DEFAULT_TREE = "tree"
 
 
 @dataclass
 class JetDataConfig:
-    """How ROOT branches become model inputs (in the spirit of weaver's data config)."""
+    """How ROOT branches (or Parquet columns) become model inputs (in the spirit of weaver's
+    data config)."""
 
-    tree: str = "tree"
+    # a ROOT file's tree (None: `tree`); a Parquet file is one table and has none
+    tree: str | None = None
     # one-hot branches (a list), {"branch": b, "classes": [...]} (an integer class branch) or
     # {"by_file": {class: glob on the file name}} (one class a source file)
     labels: list[str] | dict = field(
@@ -153,7 +156,13 @@ class JetDataConfig:
     def hash(self) -> str:
         """A short hash that changes whenever the shard contents would."""
         content = {k: v for k, v in asdict(self).items() if k not in METRICS_ONLY}
+        content["tree"] = self.tree_name  # the default spelled out: hashes as before
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def tree_name(self) -> str:
+        """The tree a ROOT file is read from."""
+        return self.tree or DEFAULT_TREE
 
     @property
     def background_class(self) -> str:

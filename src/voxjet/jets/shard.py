@@ -19,11 +19,11 @@ from pathlib import Path
 import awkward as ak
 import h5py
 import numpy as np
-import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json
-from voxjet.io.trees import branch_type, tree_names
+from voxjet.io.parquet_files import SUFFIX, is_parquet
+from voxjet.io.trees import branch_type, open_tree, table_words
 from voxjet.jets import reweight
 from voxjet.jets.branch_reads import Reads, missing_message, needed, reads_of, tree_key
 from voxjet.jets.collections import (
@@ -128,6 +128,37 @@ def split_of(file_name: str, entries: np.ndarray, cfg: JetDataConfig) -> np.ndar
     return out
 
 
+def split_name(file_name: str) -> str:
+    """The name a file's jets are split by: a Parquet copy's that of the ROOT file it was made
+    from (`QCD_000.parquet` splits as `QCD_000.root`), so converting files moves no jet
+    between train, val and test."""
+    return file_name[: -len(SUFFIX)] + ".root" if is_parquet(file_name) else file_name
+
+
+def jet_files(listed: list[dict], manifest_path: str | os.PathLike,
+              cfg: JetDataConfig) -> list[dict]:  # fmt: skip
+    """The manifest's ROOT or Parquet files: one format a dataset (both: an error), and no
+    `tree` for Parquet."""
+    root = [f for f in listed if f["path"].lower().endswith(".root")]
+    parquet = [f for f in listed if is_parquet(f["path"])]
+    if root and parquet:
+        raise VoxjetError(
+            f"{manifest_path}: the dataset holds {len(root)} ROOT files ({root[0]['path']}, …) "
+            f"and {len(parquet)} Parquet files ({parquet[0]['path']}, …); one dataset reads one "
+            "format (their branch types and splits must agree): make them two datasets, or set "
+            "source.patterns to one format"
+        )
+    if parquet and cfg.tree is not None and not cfg.weaver_config:
+        raise VoxjetError(
+            f"{manifest_path}: jets.tree is {cfg.tree!r}, but the dataset's files are Parquet "
+            f"({parquet[0]['path']}, …), which have no trees: remove jets.tree"
+        )
+    if not root + parquet:
+        raise VoxjetError(f"{manifest_path}: lists no .root or .parquet files; check the "
+                          "dataset's source and source.patterns")  # fmt: skip
+    return root + parquet
+
+
 def file_split(rel_path: str, cfg: JetDataConfig) -> int | None:
     """The split code (0 train, 1 val, 2 test) every jet of a file takes from
     jets.split_files, or None without predefined splits."""
@@ -157,14 +188,9 @@ class BadFile(VoxjetError):
 
 def _open_tree(path: Path, cfg: JetDataConfig):
     try:
-        f = uproot.open(path)
-    except Exception as e:
-        raise BadFile(f"{path}: cannot open as ROOT ({e}); re-stage the file") from e
-    if cfg.tree not in f:
-        found = tree_names(f)
-        f.close()
-        raise BadFile(f"{path}: no tree {cfg.tree!r} (found {found}); set {tree_key(cfg)}")
-    return f, f[cfg.tree]
+        return open_tree(path, cfg.tree_name, f"set {tree_key(cfg)}")
+    except VoxjetError as e:
+        raise BadFile(str(e)) from e
 
 
 def _check_branches(path: Path, tree, job: ShardJob) -> None:
@@ -178,8 +204,9 @@ def _check_branches(path: Path, tree, job: ShardJob) -> None:
         t = branch_type(tree, b)  # a TTree's branch or an RNTuple's field alike
         if types.setdefault(b, (t, path))[0] != t:
             first_t, first_path = types[b]
+            table, column = table_words(path, cfg.tree_name)
             raise BadFile(
-                f"{path}: branch {b!r} of tree {cfg.tree!r} is {t}, but {first_t} in "
+                f"{path}: {column} {b!r} of {table} is {t}, but {first_t} in "
                 f"{first_path.name}; the files of one dataset must agree"
             )
 
@@ -204,7 +231,7 @@ def _split_codes(path: Path, rel: str | None, entries: np.ndarray,
     """Each entry's split: its file's (jets.split_files), else the hash of (file, entry)."""
     fixed = file_split(rel, cfg) if rel is not None else None
     if fixed is None:
-        return split_of(path.name, entries, cfg)
+        return split_of(split_name(path.name), entries, cfg)
     return np.full(len(entries), fixed, np.int8)
 
 
@@ -274,6 +301,7 @@ def _read_range(
     parts = []
     dropped = dropped if dropped is not None else {}
     need = branches + label_branches(cfg.labels)
+    table = table_words(path, cfg.tree_name)[0]
     try:
         for arrays, report in tree.iterate(need, entry_start=start, entry_stop=stop,
                                            step_size=cfg.step_size, library="ak",
@@ -295,10 +323,10 @@ def _read_range(
             out["split"] = split
             parts.append(out)
     except VoxjetError as e:
-        raise BadFile(f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: {e}") from e
+        raise BadFile(f"{path}, {table}, entries {start}-{stop}: {e}") from e
     except Exception as e:  # a truncated basket, a decompression error
         raise BadFile(
-            f"{path}, tree {cfg.tree!r}, entries {start}-{stop}: cannot read ({type(e).__name__}: "
+            f"{path}, {table}, entries {start}-{stop}: cannot read ({type(e).__name__}: "
             f"{e}); the file may be truncated or corrupt: re-stage it"
         ) from e
     return parts
@@ -498,9 +526,7 @@ def _shard_job(manifest_path: str | os.PathLike, cfg: JetDataConfig, part: int,
     if cfg.storage not in STORAGES:
         raise VoxjetError(f"jets.storage {cfg.storage!r}: use one of {', '.join(STORAGES)}")
     manifest = read_json(manifest_path)
-    files = [f for f in manifest["files"] if f["path"].endswith(".root")]
-    if not files:
-        raise VoxjetError(f"{manifest_path}: lists no .root files; check the dataset's source")
+    files = jet_files(manifest["files"], manifest_path, cfg)
     if cfg.bad_labels not in ("fail", "drop"):
         raise VoxjetError(f"jets.bad_labels {cfg.bad_labels!r}: use fail or drop")
     for f in files:  # a file in no split (or two) stops the job before any reading
@@ -522,8 +548,8 @@ def _read_file(job: ShardJob, number: int, entry: dict) -> None:
             _check_branches(path, tree, job)
             n = _entries(path, tree, entry)
             if n == 0:
-                raise BadFile(f"{path}: tree {cfg.tree!r} has 0 entries (an empty file); "
-                              "re-make or drop it")  # fmt: skip
+                raise BadFile(f"{path}: {table_words(path, cfg.tree_name)[0]} has 0 entries "
+                              "(an empty file); re-make or drop it")  # fmt: skip
             lo, hi = n * job.part // job.parts, n * (job.part + 1) // job.parts
             data = _read_range(path, tree, job.v, cfg, job.branches, lo, hi, number,
                                job.dropped, entry["path"], job.rw)  # fmt: skip

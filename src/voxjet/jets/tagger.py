@@ -59,7 +59,7 @@ class Tagger:
     @property
     def tree(self) -> str:
         """The tree the model's features were defined on."""
-        return self.data.tree
+        return self.data.tree_name
 
 
 def load_tagger(model_path: str | os.PathLike, device: torch.device) -> Tagger:

@@ -234,7 +234,7 @@ def check_not_both(given: dict[str, Any], where: str) -> None:
     leaves to the section)."""
     if not given.get("weaver_config"):
         return
-    both = [k for k in DERIVED if k in given]
+    both = [k for k in DERIVED if given.get(k) is not None]
     doc = read(given["weaver_config"]) or {}
     if is_custom(doc):
         if "labels" in both:

@@ -25,6 +25,7 @@ import fsspec
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, read_json, write_json
 from voxjet.io.overlap import refuse_overlap
+from voxjet.io.parquet_files import ParquetTable, is_parquet
 from voxjet.io.trees import tree_names
 from voxjet.progress import Progress
 from voxjet.stage.checksum import CHUNK, algorithm_for, checksum_file, new_hasher
@@ -166,6 +167,11 @@ def _copy_verified(
 
 
 def _root_entries(path: Path, tree: str | None, tree_key: str = "jets.tree") -> int | None:
+    """A jets file's entries (its tree's, a Parquet file's rows), checked readable; None for
+    other files."""
+    if tree is not None and is_parquet(path):
+        with ParquetTable(path) as table:  # reads the footer: a truncated file fails here
+            return table.num_entries
     if tree is None or not path.name.endswith(".root"):
         return None
     import uproot

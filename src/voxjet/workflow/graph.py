@@ -40,6 +40,7 @@ from voxjet.extras import check_extras
 from voxjet.io.ledger import ensure, existing_states
 from voxjet.jets.branch_reads import check_source_file
 from voxjet.jets.data_config import JetDataConfig
+from voxjet.jets.shard import jet_files
 from voxjet.job_params import Digested, DigestedList, json_param
 from voxjet.planner.allocate import allocation_choice
 from voxjet.report.runs import run_infos
@@ -171,7 +172,7 @@ class Graph:
             data = self.jets[name]
             key = (f"the treename of weaver_config {data.weaver_config}" if data.weaver_config
                    else f"datasets.{name}.jets.tree")  # fmt: skip
-            opts += ["--tree", data.tree, "--tree-key", key]
+            opts += ["--tree", data.tree_name, "--tree-key", key]
             opts += ["--on-bad-file", ds["jets"]["on_bad_file"]]
             opts += ["--on-duplicate", ds["source"]["on_duplicate"]]
         else:  # identical label files are common (empty masks); the planning compares cases
@@ -494,7 +495,10 @@ def build(config: dict[str, Any], validate: Callable[[dict[str, Any]], None]) ->
              if ds["domain"] == "volumes" and not ds["source"].get("prepared")}  # fmt: skip
     sources = {name: DatasetSources.listed(name, ds) for name, ds in config["datasets"].items()}
     for name, data in jets.items():
-        first = sources[name].first_root_file()
+        if sources[name].files:  # one format, no tree for Parquet: said before any job
+            jet_files([{"path": f.relpath} for f in sources[name].files],
+                      f"config key 'datasets.{name}.source.path'", data)  # fmt: skip
+        first = sources[name].first_jets_file()
         if first and data.on_bad_file == "fail":  # with skip, that one file may be the bad one
             try:
                 check_source_file(first, data, name)

@@ -12,17 +12,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voxjet.errors import VoxjetError
+from voxjet.io.parquet_files import is_parquet
 from voxjet.stage.fingerprint import content_keys, digest
 from voxjet.stage.transfer import LEDGER, SourceFile, list_sources
 from voxjet.workflow import paths
 
 # the files of a volumes dataset every case's preprocessing depends on besides its own
 DATASET_FILES = ("dataset.json", "splits_final.json")
+JET_PATTERNS = ["*.root", "*.parquet"]
 
 
 def stage_patterns(ds: Mapping[str, Any]) -> list[str]:
-    """The file patterns a dataset stages (ROOT files for jets, everything for volumes)."""
-    return ds["source"].get("patterns", ["*.root"] if ds["domain"] == "jets" else ["*"])
+    """The file patterns a dataset stages (ROOT or Parquet files for jets, everything for
+    volumes)."""
+    return ds["source"].get("patterns", JET_PATTERNS if ds["domain"] == "jets" else ["*"])
 
 
 def is_local(ds: Mapping[str, Any]) -> bool:
@@ -107,7 +110,7 @@ class DatasetSources:
             return f"--file-list {shlex.quote(source['file_list'])}"
         return f"--source {shlex.quote(source['path'])}"
 
-    def first_root_file(self) -> str | None:
-        """The first local ROOT file (the dry run checks its tree and branches)."""
-        roots = [f for f in self.files if f.relpath.endswith(".root")]
-        return roots[0].url.removeprefix("file://") if roots else None
+    def first_jets_file(self) -> str | None:
+        """The first local ROOT or Parquet file (the dry run checks its tree and branches)."""
+        found = [f for f in self.files if f.relpath.endswith(".root") or is_parquet(f.relpath)]
+        return found[0].url.removeprefix("file://") if found else None

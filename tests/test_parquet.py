@@ -55,7 +55,7 @@ def to_parquet(root_dir: Path, out: Path, tree: str, row_group_size: int) -> Non
         ak.to_parquet(arrays, out / f"{p.stem}.parquet", row_group_size=row_group_size)
 
 
-def shard(src: Path, tmp: Path, name: str, cfg: JetDataConfig, patterns: list[str]) -> Path:
+def shard(src: Path | str, tmp: Path, name: str, cfg: JetDataConfig, patterns: list[str]) -> Path:
     stage(str(src), tmp / f"staged_{name}", tmp / f"{name}.json", patterns=patterns,
           tree=cfg.tree_name)  # fmt: skip
     shard_jets(tmp / f"{name}.json", tmp / f"shards_{name}", cfg)
@@ -187,3 +187,35 @@ def test_a_tree_for_parquet_files_and_mixed_formats_are_refused(toy, tmp_path):
           tree="tree")  # fmt: skip
     with pytest.raises(VoxjetError, match=r"1 ROOT files .* and 8 Parquet files .* one format"):
         shard_jets(tmp_path / "m.json", tmp_path / "shards", JetDataConfig())
+
+
+def test_parquet_files_stage_from_s3_and_shard_as_local_ones(toy, tmp_path, monkeypatch):
+    """A bucket of Parquet files (an S3-compatible server on loopback) staged by URL glob."""
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed")
+    try:
+        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+    except Exception as e:  # no free port, a sandbox without sockets
+        pytest.skip(f"cannot start the S3 server: {e}")
+    import fsspec.config
+
+    saved = {k: dict(v) for k, v in fsspec.config.conf.items()}
+    try:
+        host, port = server.get_host_and_port()
+        # how a user points fsspec at a site's S3 endpoint: its environment variables
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", f"http://{host}:{port}")
+        monkeypatch.setenv("FSSPEC_S3_KEY", "test")
+        monkeypatch.setenv("FSSPEC_S3_SECRET", "test")
+        fsspec.config.set_conf_env(fsspec.config.conf)
+        fs = s3fs.S3FileSystem()
+        fs.mkdir("jets")
+        fs.put(str(toy / "parquet"), "jets/jc2", recursive=True)
+        cfg = JetDataConfig(max_particles=24, jets_per_shard=130, shard_jobs=2)
+        remote = shard("s3://jets/jc2/*.parquet", tmp_path, "s3", cfg, ["*.parquet"])
+        local = shard(toy / "parquet", tmp_path, "local", cfg, ["*.parquet"])
+        assert_same_shards(local, remote)
+    finally:
+        fsspec.config.conf.clear()
+        fsspec.config.conf.update(saved)
+        server.stop()

@@ -27,7 +27,7 @@ from voxjet.jets.figures import (
     roc_overlay,
     score_distributions,
 )
-from voxjet.jets.metrics import jet_metrics
+from voxjet.jets.metrics import jet_metrics, shown_signals
 from voxjet.jets.tagger import Tagger, infer, inference_batch, load_trained
 from voxjet.jets.targets import parse_targets, regression_columns, regression_figure, target_metrics
 from voxjet.progress import Progress
@@ -235,14 +235,17 @@ def _metrics_from_predictions(path: Path, out: Path, index: dict, saved: dict,
     if base is not None:
         bm = jet_metrics(base, labels, classes, background)
         metrics["baseline_jet_mass"] = {k: bm[k] for k in ("accuracy", "auc_macro", "rej50_mean")}
+    shown = shown_signals(metrics)  # JetClass-II's 187 signal classes: the hardest few
     roc_overlay(out / "roc.png", "ROC curves on the test split",
-                {"this model": (probs, labels, classes)}, background)  # fmt: skip
+                {"this model": (probs, labels, classes)}, background, shown)  # fmt: skip
     confusion(out / "confusion.png", probs, labels, classes)
-    score_distributions(out / "scores.png", probs, labels, classes, background)
+    score_distributions(out / "scores.png", probs, labels, classes, background, shown)
     if jet_pt is not None:
-        roc_in_pt_bins(out / "roc_pt_bins.png", probs, labels, classes, background, jet_pt)
+        roc_in_pt_bins(out / "roc_pt_bins.png", probs, labels, classes, background, jet_pt,
+                       shown=shown)  # fmt: skip
     if jet_mass is not None:
-        mass_sculpting(out / "mass_sculpting.png", probs, labels, classes, background, jet_mass)
+        mass_sculpting(out / "mass_sculpting.png", probs, labels, classes, background, jet_mass,
+                       shown=shown)  # fmt: skip
     write_json(out / "metrics.json", metrics)
     print(f"test accuracy {metrics['accuracy']:.4f}, macro AUC {metrics['auc_macro']:.4f}",
           file=sys.stderr)  # fmt: skip

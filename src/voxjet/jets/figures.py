@@ -20,13 +20,14 @@ def roc_overlay(
     title: str,
     runs: Mapping[str, tuple[np.ndarray, np.ndarray, list[str]]],
     background: str | None = None,
+    shown: list[str] | None = None,
 ) -> None:
-    """One panel a signal class: rejection of the background class (default the first)
-    1/eps_B against signal efficiency, runs overlaid."""
+    """One panel a signal class (of `shown`, default all): rejection of the background class
+    (default the first) 1/eps_B against signal efficiency, runs overlaid."""
     plt = pyplot()
     classes = next(iter(runs.values()))[2]
     background = background or classes[0]
-    signals = [c for c in classes if c != background]
+    signals = _signals(classes, background, shown)
     fig, axes = plt.subplots(1, len(signals), figsize=(4.2 * len(signals), 3.8), squeeze=False)
     for ax, sig in zip(axes[0], signals, strict=True):
         for run, (probs, labels, cls) in runs.items():
@@ -43,36 +44,49 @@ def roc_overlay(
         ax.set_title(f"{sig} vs {background}")
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(title + _of_all(signals, classes))
     save_figure(fig, path)
 
 
 def confusion(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str]) -> None:
-    """The confusion matrix, each true class's row normalised."""
+    """The confusion matrix, each true class's row normalised; its cells written out up to
+    ANNOTATED classes, a heat map beyond (JetClass-II's 188: the diagonal's strength at a
+    glance, every number in metrics.json)."""
     plt = pyplot()
     n = len(classes)
     cm = np.zeros((n, n))
     np.add.at(cm, (labels, probs.argmax(1)), 1)
     cm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(1.1 * n + 2, 1.0 * n + 1.5))
+    side = min(n, ANNOTATED)
+    fig, ax = plt.subplots(figsize=(1.1 * side + 2, 1.0 * side + 1.5))
     im = ax.imshow(cm, cmap="Blues", vmin=0, vmax=1)
-    for i in range(n):
-        for j in range(n):
-            ax.text(
-                j,
-                i,
-                f"{cm[i, j]:.2f}",
-                ha="center",
-                va="center",
-                color="white" if cm[i, j] > 0.5 else "black",
-                fontsize=8,
-            )
-    ax.set_xticks(range(n), classes)
-    ax.set_yticks(range(n), classes)
+    if n <= ANNOTATED:
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, f"{cm[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if cm[i, j] > 0.5 else "black")  # fmt: skip
+        ax.set_xticks(range(n), classes)
+        ax.set_yticks(range(n), classes)
+    else:  # every tenth class named: 188 names would overprint each other
+        ticks = list(range(0, n, 10))
+        ax.set_xticks(ticks, [classes[i] for i in ticks], rotation=90, fontsize=7)
+        ax.set_yticks(ticks, [classes[i] for i in ticks], fontsize=7)
+        ax.set_title(f"{n} classes (every tenth named)")
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
     fig.colorbar(im, ax=ax, label="fraction of the true class")
     save_figure(fig, path)
+
+
+ANNOTATED = 12  # classes whose confusion cells are written out
+
+
+def _of_all(signals: list[str], classes: list[str]) -> str:
+    """A title's note when the panels show some of the signal classes."""
+    n = len(classes) - 1
+    if len(signals) >= n:
+        return ""
+    return f" ({len(signals)} of {n} signal classes: the hardest by AUC; all in metrics.json)"
 
 
 @contextmanager
@@ -85,20 +99,21 @@ def _style():
         yield plt, mplhep
 
 
-def _signals(classes: list[str], background: str) -> list[str]:
-    return [c for c in classes if c != background]
+def _signals(classes: list[str], background: str, shown: list[str] | None = None) -> list[str]:
+    """The panels' signal classes: `shown` (voxjet.jets.metrics.shown_signals), else all."""
+    return list(shown) if shown is not None else [c for c in classes if c != background]
 
 
 def score_distributions(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
-                        background: str) -> None:  # fmt: skip
-    """One panel a signal class: its discriminant s / (s + b) for signal and background jets,
-    each normalised to unit area, log scale."""
+                        background: str, shown: list[str] | None = None) -> None:  # fmt: skip
+    """One panel a signal class (of `shown`): its discriminant s / (s + b) for signal and
+    background jets, each normalised to unit area, log scale."""
     with _style() as (plt, hep):
-        _score_distributions(plt, hep, path, probs, labels, classes, background)
+        _score_distributions(plt, hep, path, probs, labels, classes, background, shown)
 
 
-def _score_distributions(plt, hep, path, probs, labels, classes, background) -> None:
-    sigs = _signals(classes, background)
+def _score_distributions(plt, hep, path, probs, labels, classes, background, shown) -> None:
+    sigs = _signals(classes, background, shown)
     fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
     edges = np.linspace(0, 1, 41)
     for ax, sig in zip(axes[0], sigs, strict=True):
@@ -116,15 +131,16 @@ def _score_distributions(plt, hep, path, probs, labels, classes, background) -> 
 
 
 def roc_in_pt_bins(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
-                   background: str, jet_pt: np.ndarray, bins: int = 4) -> None:  # fmt: skip
-    """One panel a signal class: rejection against efficiency in `bins` jet-pT quantile bins
-    (equal jet counts), where each bin has signal and background jets."""
+                   background: str, jet_pt: np.ndarray, bins: int = 4,
+                   shown: list[str] | None = None) -> None:  # fmt: skip
+    """One panel a signal class (of `shown`): rejection against efficiency in `bins` jet-pT
+    quantile bins (equal jet counts), where each bin has signal and background jets."""
     with _style() as (plt, _):
-        _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins)
+        _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins, shown)
 
 
-def _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins) -> None:
-    sigs = _signals(classes, background)
+def _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins, shown) -> None:
+    sigs = _signals(classes, background, shown)
     edges = np.unique(np.quantile(jet_pt, np.linspace(0, 1, bins + 1)))
     fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
     for ax, sig in zip(axes[0], sigs, strict=True):
@@ -146,16 +162,17 @@ def _roc_in_pt_bins(plt, path, probs, labels, classes, background, jet_pt, bins)
 
 
 def mass_sculpting(path: Path, probs: np.ndarray, labels: np.ndarray, classes: list[str],
-                   background: str, mass: np.ndarray, signal_eff: float = 0.5) -> None:  # fmt: skip
-    """One panel a signal class: the soft-drop mass of all background jets and of those that
-    pass the cut keeping `signal_eff` of the signal, both normalised: a tagger that sculpts
-    the background into the signal's mass peak shows it here."""
+                   background: str, mass: np.ndarray, signal_eff: float = 0.5,
+                   shown: list[str] | None = None) -> None:  # fmt: skip
+    """One panel a signal class (of `shown`): the soft-drop mass of all background jets and of
+    those that pass the cut keeping `signal_eff` of the signal, both normalised: a tagger that
+    sculpts the background into the signal's mass peak shows it here."""
     with _style() as (plt, hep):
-        _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff)
+        _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff, shown)
 
 
-def _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff):
-    sigs = _signals(classes, background)
+def _mass_sculpting(plt, hep, path, probs, labels, classes, background, mass, signal_eff, shown):
+    sigs = _signals(classes, background, shown)
     b = classes.index(background)
     fig, axes = plt.subplots(1, len(sigs), figsize=(5.5 * len(sigs), 5), squeeze=False)
     edges = np.linspace(0, max(1.0, float(np.quantile(mass, 0.99))), 31)

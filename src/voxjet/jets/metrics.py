@@ -103,3 +103,19 @@ def jet_metrics(
         out[f"{key}_mean_lower_bound"] = any(v[f"{key}_lower_bound"] for v in per.values())
         out[f"{key}_lower_bounds"] = sorted(c for c, v in per.items() if v[f"{key}_lower_bound"])
     return out
+
+
+# signal classes a figure's panels or the summary's per-class table show (JetClass-II has 187):
+# beyond it, the hardest by AUC against the background; every class stays in metrics.json/.csv
+SHOWN_CLASSES = 8
+
+
+def shown_signals(metrics: dict, k: int = SHOWN_CLASSES) -> list[str]:
+    """The signal classes to show, in class order: all when there are at most `k`, else the
+    `k` with the lowest AUC against the background (the hardest to tell from it)."""
+    per = metrics["vs_" + metrics["background"]]
+    if len(per) <= k:
+        return list(per)
+    # a class without an AUC (no test jet) first: it is what most needs looking at
+    chosen = set(sorted(per, key=lambda c: np.nan_to_num(per[c]["auc"], nan=-1.0))[:k])
+    return [c for c in per if c in chosen]

@@ -12,7 +12,9 @@ b prongs an exponential decay length on top; neutral particles get zero, as in J
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import uproot
 
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path
-from voxjet.jets.schema import CLASSES, LABEL_BRANCHES
+from voxjet.jets.schema import CLASSES
 from voxjet.progress import progress as progress_of
 
 R0 = 0.8
@@ -31,6 +33,18 @@ M_W, M_Z, M_H, M_T = 80.4, 91.2, 125.1, 172.8
 _LABEL_DTYPES = {0: np.float32, 1: np.bool_, 2: np.int32}
 BASKET_JETS = 1000
 TOY_CLASSES = ("QCD", "Hbb", "Zqq", "Wqq", "Tbqq")
+# label sets of JetClass-II's size (188 classes): a resonance X of mass M (GeV) decaying to two
+# or three prongs of the flavours named (b, q: light, g), e.g. X120_bqg
+RESONANCE = re.compile(r"X(\d{2,3})_([bqg]{2,3})")
+DECAYS = [*itertools.combinations_with_replacement("bqg", 2),
+          *itertools.combinations_with_replacement("bqg", 3)]  # fmt: skip
+
+
+def resonance_classes(n: int) -> list[str]:
+    """QCD and n - 1 resonance classes, masses from 40 GeV in steps of 20 (each with every
+    two- and three-prong decay): `resonance_classes(188)` is a JetClass-II-sized label set."""
+    masses = range(40, 40 + 20 * -(-(n - 1) // len(DECAYS)), 20)
+    return ["QCD", *[f"X{m}_{''.join(d)}" for m in masses for d in DECAYS][: n - 1]]
 
 
 @dataclass
@@ -115,7 +129,17 @@ def _prongs(rng: np.random.Generator, cls: str, pt: float) -> list[_Prong]:
         mw = rng.normal(M_W, 2.5)
         b, w = _split(rng, root, pt, rng.normal(M_T, 4.0), 4.8, mw, "b", "q")
         return [b, *_split(rng, w, pt, mw, 0, 0, "q", "q")]
-    raise VoxjetError(f"the toy generator has no model for class {cls!r}; use one of {TOY_CLASSES}")
+    hit = RESONANCE.fullmatch(cls)
+    if hit:
+        mass, flavours = float(hit[1]), list(hit[2])
+        mass = rng.normal(mass, 0.03 * mass)
+        if len(flavours) == 2:
+            return _split(rng, root, pt, mass, 0, 0, *flavours)
+        m23 = rng.uniform(0.3, 0.6) * mass  # the last two prongs from an intermediate state
+        a, bc = _split(rng, root, pt, mass, 0, m23, flavours[0], "q")
+        return [a, *_split(rng, bc, pt, m23, 0, 0, flavours[1], flavours[2])]
+    raise VoxjetError(f"the toy generator has no model for class {cls!r}; use one of "
+                      f"{TOY_CLASSES} or a resonance X<mass>_<2-3 of b, q, g>")  # fmt: skip
 
 
 def _fragment(rng: np.random.Generator, prong: _Prong, pt: float) -> dict[str, np.ndarray]:
@@ -283,8 +307,10 @@ def _mass(pt: np.ndarray, eta: np.ndarray, phi: np.ndarray) -> float:
     return float(np.sqrt(max(e.sum() ** 2 - px.sum() ** 2 - py.sum() ** 2 - pz.sum() ** 2, 0.0)))
 
 
-def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = "tree") -> None:
-    """Write jets (as `generate_jet` returns them) of class `cls` as a JetClass-schema file."""
+def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = "tree",
+               classes: list[str] = ()) -> None:  # fmt: skip
+    """Write jets (as `generate_jet` returns them) of class `cls` as a JetClass-schema file,
+    with a `label_<c>` branch for each of JetClass's classes and of `classes` beyond them."""
     # jagged columns from one flat array and the counts (ak.Array of a list of arrays would
     # convert element by element)
     first = next(iter(jets[0]["part"]))
@@ -308,8 +334,9 @@ def write_jets(path: str | os.PathLike, jets: list[dict], cls: str, tree: str = 
     taus = np.stack([j["taus"] for j in jets])
     for i in range(4):
         branches[f"jet_tau{i + 1}"] = taus[:, i]
-    for i, name in enumerate(LABEL_BRANCHES):
-        branches[name] = np.full(len(jets), CLASSES[i] == cls, dtype=_LABEL_DTYPES[i % 3])
+    names = [*CLASSES, *(c for c in classes if c not in CLASSES)]
+    for i, c in enumerate(names):
+        branches[f"label_{c}"] = np.full(len(jets), c == cls, dtype=_LABEL_DTYPES[i % 3])
     with atomic_path(path) as tmp:
         with uproot.recreate(tmp, compression=uproot.LZ4(4)) as f:
             # mktree, not f[tree] = ...: recent uproot writes an RNTuple for the latter, and
@@ -340,16 +367,17 @@ def generate_file(
 ) -> None:
     """Write one ROOT file of `n_jets` jets of class `cls` (as JetClass does: a process a file)."""
     rng = np.random.default_rng(seed)
-    write_jets(path, [generate_jet(rng, cls, cfg) for _ in range(n_jets)], cls, tree)
+    write_jets(path, [generate_jet(rng, cls, cfg) for _ in range(n_jets)], cls, tree, cfg.classes)
 
 
 def generate_dataset(
     out_dir: str | os.PathLike, cfg: ToyJetsConfig, progress: bool = True
 ) -> list[Path]:
     """Write `files_per_class` files a class into `out_dir`, named like JetClass's."""
-    unknown = [c for c in cfg.classes if c not in TOY_CLASSES]
+    unknown = [c for c in cfg.classes if c not in TOY_CLASSES and not RESONANCE.fullmatch(c)]
     if unknown:
-        raise VoxjetError(f"toy generator: unknown classes {unknown}; choose from {TOY_CLASSES}")
+        raise VoxjetError(f"toy generator: unknown classes {unknown}; choose from {TOY_CLASSES} "
+                          "or resonances X<mass>_<2-3 of b, q, g> (e.g. X120_bqg)")  # fmt: skip
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, i) for c in cfg.classes for i in range(cfg.files_per_class)]

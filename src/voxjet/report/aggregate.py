@@ -14,6 +14,7 @@ from typing import Any
 from voxjet.io.atomic import atomic_path
 from voxjet.io.integrity import corrupt_error
 from voxjet.jets.figures import roc_overlay
+from voxjet.jets.metrics import shown_signals
 from voxjet.report import figures
 from voxjet.report.runs import RunInfo
 from voxjet.report.scaling import Point, scaling_figure, steady_rate, study_markdown, study_table
@@ -33,6 +34,7 @@ COLUMNS = {
 CSV_FIELDS = [
     "dataset", "domain", "experiment", "group", "run", "params", "split", "metric", "value", "note"
 ]  # fmt: skip
+BOUNDS_NAMED = 4  # metrics at their bound named a run; the rest counted
 COST_METRICS = ["wall_h", "device_hours", "peak_memory_gib", "memory_estimate_gib",
                 "peak_over_estimate", "utilisation", "energy_kwh", "sessions"]  # fmt: skip
 
@@ -238,6 +240,40 @@ def _fmt(v: float | None) -> str:
     return f"{v:.4g}"
 
 
+def best_metrics(metrics: dict[str, dict]) -> dict:
+    """Of runs' metrics.json, the one with the highest macro AUC (the summary's ★)."""
+    return max(metrics.values(), key=lambda m: _rank_value(m.get("auc_macro"), True))
+
+
+def class_tables(runs: list[RunInfo]) -> dict[str, list[str]]:
+    """Per jets dataset, the best run's per-class table: AUC and rejections against the
+    background of at most SHOWN_CLASSES signal classes (the hardest, when there are more:
+    JetClass-II's 187), every class being in metrics.csv."""
+    out: dict[str, list[str]] = {}
+    by_ds: dict[str, dict[str, dict]] = {}
+    for r in runs:
+        if r.domain == "jets" and r.role == "train" and Path(r.eval_metrics).is_file():
+            by_ds.setdefault(r.dataset, {})[r.run] = json.loads(Path(r.eval_metrics).read_text())
+    for ds, metrics in by_ds.items():
+        run, best = max(metrics.items(), key=lambda kv: _rank_value(kv[1].get("auc_macro"), True))
+        per = best.get("vs_" + str(best.get("background")))
+        if not per:
+            continue
+        shown = shown_signals(best)
+        which = (f"all {len(per)} signal classes" if len(shown) == len(per) else
+                 f"the {len(shown)} of {len(per)} signal classes it separates worst; every "
+                 "class is in metrics.csv")  # fmt: skip
+        lines = [f"Per class, {run} against {best['background']} ({which}):", "",
+                 "| class | AUC | rej50 | rej30 |", "|---|---|---|---|"]  # fmt: skip
+        for c in shown:
+            v = per[c]
+            lines.append(f"| {c} | {_fmt(v.get('auc'))} | " + " | ".join(
+                ("≥ " if v.get(f"{k}_lower_bound") else "") + _fmt(v.get(k))
+                for k in ("rej50", "rej30")) + " |")  # fmt: skip
+        out[ds] = [*lines, ""]
+    return out
+
+
 def data_notes(runs: list[RunInfo]) -> dict[str, list[str]]:
     """Per dataset, what its shards left out (files skipped with on_bad_file: skip, jets
     dropped with bad_labels: drop), from the first evaluated run's metrics.json."""
@@ -261,9 +297,10 @@ def data_notes(runs: list[RunInfo]) -> dict[str, list[str]]:
 def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
                      notes: dict[str, list[str]] | None = None,
                      studies: dict[tuple[str, str, str], dict[str, Any]] | None = None,
-                     ) -> str:  # fmt: skip
+                     per_class: dict[str, list[str]] | None = None) -> str:  # fmt: skip
     """Per dataset, the runs ranked by the domain's headline metric (the best marked ★), what
-    its data left out, and its experiments' scaling studies."""
+    its data left out, the best run's per-class table (class_tables) and its experiments'
+    scaling studies."""
     notes, studies = notes or {}, studies or {}
     out = ["# voxjet results", ""]
     datasets = sorted(
@@ -321,19 +358,24 @@ def summary_markdown(rows: list[dict[str, Any]], missing: list[RunInfo],
         if notes.get(ds):
             out += ["Data left out of every run of this dataset:", "",
                     *(f"- {n}" for n in notes[ds]), ""]  # fmt: skip
-        bounds = sorted(
-            f"{r['run']}: {r['metric'].removesuffix('_is_lower_bound')}"
-            for r in rows
-            if r["dataset"] == ds and r["split"] == "test"
-            and r["metric"].endswith("_is_lower_bound") and r["value"] == 1.0
-        )  # fmt: skip
+        bounds: dict[str, list[str]] = {}
+        for r in rows:
+            if r["dataset"] == ds and r["split"] == "test" and r["value"] == 1.0 \
+                    and r["metric"].endswith("_is_lower_bound"):  # fmt: skip
+                bounds.setdefault(r["run"], []).append(r["metric"].removesuffix("_is_lower_bound"))
         if bounds:
             out += [
                 "Rejections at their bound (no background jet passed the cut: the value is "
                 "N_B, only a lower bound; it enters rej50_mean as such, and a mean marked ≥ is "
-                "a lower bound too): " + "; ".join(bounds),
+                "a lower bound too): "
+                + "; ".join(
+                    f"{run}: {', '.join(sorted(ms)[:BOUNDS_NAMED])}"
+                    + (f" and {len(ms) - BOUNDS_NAMED} more" if len(ms) > BOUNDS_NAMED else "")
+                    for run, ms in sorted(bounds.items())
+                ),  # fmt: skip
                 "",
             ]
+        out += (per_class or {}).get(ds, [])
         out += repeats_markdown([r for r in rows if r["dataset"] == ds], cols)
         for (_, sds, exp), table in studies.items():
             if sds == ds:
@@ -409,13 +451,15 @@ def _jets_figures(rs: list[RunInfo], metrics: dict[str, dict], fig_dir: Path, ds
         p = Path(r.eval_metrics).parent / "predictions.h5"
         if p.is_file():
             preds[r.run] = _read_predictions(p)
+    best = best_metrics(metrics)
+    shown = shown_signals(best) if best.get("vs_" + best.get("background", "")) else None
     if preds:
-        roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds)
+        roc_overlay(fig_dir / f"{stem}-roc.png", f"{ds}: ROC curves (test)", preds, shown=shown)
         names.append(f"{stem}-roc.png")
     background = next(iter(metrics.values())).get("background", "QCD")
     per = {run: m.get(f"vs_{background}", {}) for run, m in metrics.items()}
-    rej = {run: {c: v["rej50"] for c, v in p.items() if v.get("rej50") is not None}
-           for run, p in per.items()}  # fmt: skip
+    rej = {run: {c: v["rej50"] for c, v in p.items() if v.get("rej50") is not None
+                 and (shown is None or c in shown)} for run, p in per.items()}  # fmt: skip
     bounds = {run: {c for c, v in p.items() if v.get("rej50_lower_bound")}
               for run, p in per.items()}  # fmt: skip
     if any(rej.values()):
@@ -542,7 +586,7 @@ def aggregate(
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         w.writerows(rows)
-    md = summary_markdown(rows, missing, data_notes(runs), studies)
+    md = summary_markdown(rows, missing, data_notes(runs), studies, class_tables(runs))
     md += planner_check_markdown(check)
     if best:
         md += summary_rows({Path(b).parent.parent.name: json.loads(Path(b).read_text())

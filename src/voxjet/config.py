@@ -81,6 +81,7 @@ def check_config(
         _check_scaling(name, exp, config.get("site") or {})
         _check_launch_fits(name, exp, config.get("site") or {})
         _check_auto(name, exp, config.get("site") or {})
+        _check_sharding(name, exp)
         _check_model_inputs(name, exp, config["datasets"][exp["dataset"]], jets)
     return jets
 
@@ -121,6 +122,19 @@ def _check_model_inputs(name: str, exp: Mapping[str, Any], ds: Mapping[str, Any]
             f"config key 'experiments.{name}.model.name': {model} computes its geometry from "
             f"{list(NEEDED_FEATURES[model])}, and datasets.{exp['dataset']}.jets."
             f"particle_features lacks {missing}; add them there, or use {' or '.join(others)}"
+        )
+
+
+def _check_sharding(name: str, exp: Mapping[str, Any]) -> None:
+    """FSDP and pipeline stages are not combined (in `train:` or across a sweep's values)."""
+    train, sweep = exp.get("train") or {}, exp.get("sweep") or {}
+    dp = [train.get("data_parallel", "ddp"), *sweep.get("train.data_parallel", [])]
+    stages = [train.get("pipeline_stages", 1), *sweep.get("train.pipeline_stages", [])]
+    if "fsdp" in dp and any(int(k) > 1 for k in stages):
+        raise VoxjetError(
+            f"config key 'experiments.{name}.train.data_parallel': fsdp with pipeline_stages "
+            f"{max(int(k) for k in stages)}: a pipeline's stages are not sharded as well; use "
+            "data_parallel: ddp with pipeline stages, or fsdp with pipeline_stages: 1"
         )
 
 

@@ -27,6 +27,8 @@ COMPLETE = "complete.json"  # written beside the checkpoints once model.pt is wr
 def trajectory_settings(settings: Any) -> dict[str, Any]:
     """The training settings that decide the trajectory (a dataclass or a dict)."""
     d = asdict(settings) if not isinstance(settings, dict) else dict(settings)
+    if d.get("data_parallel") == "ddp":  # the default, left out: runs from before it resume
+        del d["data_parallel"]
     return {k: v for k, v in d.items() if k not in NOT_TRAJECTORY}
 
 

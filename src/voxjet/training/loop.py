@@ -30,7 +30,7 @@ from voxjet.training import accounting, identity
 from voxjet.training.compiled import compile_errors
 from voxjet.training.divergence import DivergenceWatch
 from voxjet.training.logger import StepTimer, Trackers
-from voxjet.training.run_files import RunFiles
+from voxjet.training.run_files import RunFiles, whole_weights
 from voxjet.training.state import TrainState, new_state, parallelise
 from voxjet.training.task import Task, TrainSettings, epochs
 
@@ -181,11 +181,21 @@ class Trainer:
         """Every rank scores its share; rank 0 logs and keeps the best weights."""
         if state.pipe is not None:
             state.pipe.sync_params(state.model)
-        metrics = self.task.validate(state.model, self.rt.device, self.rt)
+        metrics = self.task.validate(self._whole_model(state), self.rt.device, self.rt)
         self._record({"step": state.step, "split": "val", **metrics})
         if metrics["score"] > state.best:
             state.best = metrics["score"]
             self.files.save_best(state)
+
+    def _whole_model(self, state: TrainState) -> torch.nn.Module:
+        """The model validation runs: an FSDP run's whole copy (its ranks score shares of
+        different lengths, which a sharded forward's collectives could not follow)."""
+        if not state.sharded:
+            return state.model
+        if state.whole_copy is None:
+            state.whole_copy = self.task.build_model().to(self.rt.device)
+        state.whole_copy.load_state_dict(whole_weights(state))
+        return state.whole_copy
 
     def save_checkpoint(self, state: TrainState, final: bool = False) -> None:
         """checkpoints/last.pt (RunFiles.save), never of weights a non-finite loss touched."""

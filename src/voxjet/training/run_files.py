@@ -16,7 +16,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from voxjet.distributed import checkpoint
+from voxjet.distributed import checkpoint, sharded
 from voxjet.distributed.runtime import Runtime
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.training import accounting, identity
@@ -27,10 +27,30 @@ from voxjet.training.task import Task, TrainSettings
 
 def param_digest(model: nn.Module) -> str:
     """A short hash of every parameter's bytes."""
+    return _digest(p for p in model.parameters())
+
+
+def _digest(tensors) -> str:
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().numpy().tobytes())
+    for t in tensors:
+        h.update(t.detach().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def whole_weights(state: TrainState) -> dict[str, Any]:
+    """The model's whole state dict (an FSDP run's gathered from its shards: a collective,
+    every rank calls it)."""
+    if state.sharded:
+        return sharded.full_model_state(state.model)
+    return state.model.state_dict()
+
+
+def whole_digest(state: TrainState) -> str:
+    """param_digest of the whole model (an FSDP run's gathered: a collective)."""
+    if not state.sharded:
+        return param_digest(state.model)
+    weights = whole_weights(state)
+    return _digest(weights[name] for name, _ in state.model.named_parameters())
 
 
 def _gathered(rt: Runtime, mine: Any) -> list[Any]:
@@ -88,7 +108,10 @@ class RunFiles:
         if saved is None:
             return None, log
         state.model.load_state_dict(saved["model"])
-        state.optimizer.load_state_dict(saved["optimizer"])
+        if saved.get("optimizer_format") == sharded.OPTIMIZER_FORMAT:
+            state.pending_optimizer = saved["optimizer"]  # loaded once the model is sharded
+        else:
+            state.optimizer.load_state_dict(saved["optimizer"])
         state.scheduler.load_state_dict(saved["scheduler"])
         rank = min(rt.rank, len(saved["rng"]) - 1)
         checkpoint.set_rng_state(saved["rng"][rank])
@@ -105,10 +128,11 @@ class RunFiles:
         return saved, log
 
     def save_best(self, state: TrainState) -> None:
-        """best.pt: the weights of the best validation score so far."""
+        """best.pt: the weights of the best validation score so far (whole)."""
+        weights = whole_weights(state)
         if self.rt.is_main:
-            checkpoint.save(self.best_path, {"model": state.model.state_dict(),
-                                             "step": state.step, "score": state.best})  # fmt: skip
+            checkpoint.save(self.best_path, {"model": weights, "step": state.step,
+                                             "score": state.best})  # fmt: skip
 
     def save(self, state: TrainState, meter: accounting.Session, final: bool,
              refuse_nonfinite: Callable[[TrainState], None]) -> None:  # fmt: skip
@@ -127,10 +151,14 @@ class RunFiles:
         if state.pipe is not None:
             state.pipe.sync_params(state.model)
             optimizer = state.pipe.gather_optimizer_state(state.optimizer)
+        if state.sharded:  # whole, keyed by name: resumable as this run was sharded
+            optimizer = sharded.full_optimizer_state(state.model, state.optimizer)
+        weights = whole_weights(state)
         if not rt.is_main:
             return
         checkpoint.save(self.last_path, {
-            "model": state.model.state_dict(), "optimizer": optimizer,
+            "model": weights, "optimizer": optimizer,
+            "optimizer_format": sharded.OPTIMIZER_FORMAT if state.sharded else "torch",
             "scheduler": state.scheduler.state_dict(), "rng": [r[0] for r in ranks],
             "loss_window": [r[1] for r in ranks], "step": state.step, "epoch": state.epoch,
             "position": state.position, "best": state.best, "settings": asdict(self.s),
@@ -144,17 +172,21 @@ class RunFiles:
         rt = self.rt
         if state.pipe is not None:
             state.pipe.sync_params(state.model)
-        # DDP keeps replicas identical; record each rank's digest so that is checkable
-        ranks = _gathered(rt, (param_digest(state.model), meter.snapshot(rt.device)))
+        # DDP keeps replicas identical; record each rank's digest so that is checkable (an FSDP
+        # rank's: of the whole model gathered from the shards)
+        ranks = _gathered(rt, (whole_digest(state), meter.snapshot(rt.device)))
+        weights = whole_weights(state)
         if not rt.is_main:
             return
         cost = accounting.add_session(state.cost, accounting.combine_ranks([r[1] for r in ranks]))
+        # an FSDP run's estimate is of its whole model (a sharded one cannot be copied to
+        # the meta device): what DDP would need, which its peak is measured against
+        whole = (state.whole_copy or task.build_model()) if state.sharded else state.model
         estimate = None if state.pipe is not None else task.memory_estimate(
-            state.model, rt.device.type == "cuda")  # fmt: skip
+            whole, rt.device.type == "cuda")  # fmt: skip
         # the run's cost as the log's last record, beside the numbers it bought
         log.write({"step": state.step, "cost": accounting.summary(cost, estimate)})
-        best = checkpoint.load(self.best_path) or {"model": state.model.state_dict(),
-                                                   "step": state.step}  # fmt: skip
+        best = checkpoint.load(self.best_path) or {"model": weights, "step": state.step}
         checkpoint.save(self.run_dir / "model.pt", {
             "model": best["model"], "best_step": best["step"], "best_score": state.best,
             "model_config": task.model_config(), "settings": asdict(self.s),

@@ -12,12 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from voxjet.distributed import sharded
 from voxjet.distributed.pipeline import PipelineConfig, PipelineParallel
 from voxjet.distributed.runtime import Runtime
 from voxjet.errors import VoxjetError
 from voxjet.training.compiled import CompiledModule, compile_wanted
 from voxjet.training.schedule import multiplier
 from voxjet.training.task import PipelineTask, Task, TrainSettings, make_optimizer
+
+DATA_PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass
@@ -26,7 +29,7 @@ class TrainState:
     and the current logging window (summed on the device)."""
 
     model: nn.Module
-    module: nn.Module  # what a step calls: the model, or its DDP wrapper
+    module: nn.Module  # what a step calls: the model (sharded in place by FSDP), or its DDP wrapper
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     pipe: Any = None  # voxjet.distributed.pipeline.PipelineParallel, when pipelined
@@ -44,6 +47,9 @@ class TrainState:
     recent: deque = field(default_factory=deque)  # (step, provenance) of the window's batches
     cost: dict | None = None  # what earlier sessions of the run cost (accounting.add_session)
     compiled: CompiledModule | None = None  # train.compile: the compiled step and its fallback
+    sharded: bool = False  # train.data_parallel: fsdp over several processes (FSDP2)
+    pending_optimizer: dict | None = None  # a resumed FSDP run's whole optimiser state
+    whole_copy: nn.Module | None = None  # an FSDP run's unsharded copy that validates
 
     def new_window(self, log_every: int, device: torch.device, reset_count: bool) -> None:
         """A fresh logging window: loss sum, non-finite count, the batches' provenance."""
@@ -72,10 +78,39 @@ def new_state(task: Task, s: TrainSettings, rt: Runtime, horizon: int) -> TrainS
     return state
 
 
+def _fully_shard(state: TrainState, task: Task, s: TrainSettings, rt: Runtime) -> None:
+    """The model sharded (voxjet.distributed.sharded), its optimiser and schedule made anew
+    over the shards with the state they had (a resumed run's, or a fresh one's)."""
+    named = state.pending_optimizer
+    if named is None and state.optimizer.state:
+        # (never of a fresh optimiser: torch would initialise its state by a step, which
+        # counts in Adam's bias correction)
+        named = sharded.named_optimizer_state(state.model, state.optimizer)
+    lr = state.optimizer.defaults["lr"]
+    units = getattr(task, "fsdp_units", sharded.shard_units)(state.model)
+    sharded.shard_model(state.model, rt, units)
+    opt = make_optimizer(state.model.parameters(), s, lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, state.scheduler.lr_lambdas[0])
+    sched.load_state_dict(state.scheduler.state_dict())
+    if named is not None:
+        sharded.load_optimizer_state(state.model, opt, named)
+    state.optimizer, state.scheduler = opt, sched
+    state.sharded, state.pending_optimizer = True, None
+
+
 def parallelise(state: TrainState, task: Task, s: TrainSettings, rt: Runtime) -> None:
-    """DDP over the processes, or the model cut into pipeline stages (pipeline × data
-    parallel on a 2-D mesh); compiled where train.compile says so."""
+    """DDP or FSDP over the processes (train.data_parallel), or the model cut into pipeline
+    stages (pipeline × data parallel on a 2-D mesh); compiled where train.compile says so."""
+    if s.data_parallel not in DATA_PARALLEL:
+        raise VoxjetError(f"train.data_parallel {s.data_parallel!r}: use one of {DATA_PARALLEL}")
     if s.pipeline_stages > 1:
+        if s.data_parallel == "fsdp":
+            raise VoxjetError(
+                f"train.data_parallel: fsdp with train.pipeline_stages={s.pipeline_stages}: "
+                "a pipeline's stages are not sharded (each stage holds its own part of the "
+                "model already); use data_parallel: ddp with pipeline_stages, or fsdp with "
+                "pipeline_stages: 1"
+            )
         if not isinstance(task, PipelineTask):
             raise VoxjetError(
                 f"train.pipeline_stages={s.pipeline_stages}: only segmentation U-Nets are "
@@ -85,10 +120,15 @@ def parallelise(state: TrainState, task: Task, s: TrainSettings, rt: Runtime) ->
         modules, loss_fn = task.pipeline_stages(state.model, s.pipeline_stages)
         state.pipe = PipelineParallel(modules, cfg, rt, loss_fn)
         state.data_rt = state.pipe.data_runtime(rt)
+    elif rt.distributed and s.data_parallel == "fsdp":
+        _fully_shard(state, task, s, rt)
     elif rt.distributed:
         state.module = torch.nn.parallel.DistributedDataParallel(
             state.model, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None
         )
+    if state.pending_optimizer is not None:  # an FSDP checkpoint resumed unsharded
+        sharded.load_optimizer_state(state.model, state.optimizer, state.pending_optimizer)
+        state.pending_optimizer = None
     if not compile_wanted(s.compile, rt.device):
         return
     if state.pipe is not None:

@@ -42,6 +42,7 @@ class TrainSettings:
     fold: int | None = None  # volumes: the cross-validation fold (set by the experiment's folds)
     folds: int | None = None  # how many folds it is one of
     pipeline_stages: int = 1
+    data_parallel: str = "ddp"  # or "fsdp": parameters, gradients, optimiser state sharded
     microbatches: int = 4
     pipeline_schedule: str = "1f1b"
     compile: bool | None = None  # None: on CUDA only

@@ -18,6 +18,7 @@ from torch import nn
 
 from voxjet.distributed.gpus import job_device
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.distributed.sharded import shard_units
 from voxjet.errors import VoxjetError
 from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
@@ -29,7 +30,7 @@ from voxjet.volumes.evaluation.metrics import class_means, dice, mean_of, nanmea
 from voxjet.volumes.inference.cascade import PreviousStage
 from voxjet.volumes.inference.segment import Windows, segment_image
 from voxjet.volumes.networks.models import build_seg_model
-from voxjet.volumes.networks.unet_stages import split_network
+from voxjet.volumes.networks.unet_stages import network_ops, split_network
 from voxjet.volumes.plan.memory import estimate_bytes
 from voxjet.volumes.plan.plan_file import Plan, read_configured
 from voxjet.volumes.plan.sizing import check_model_against_plan
@@ -215,6 +216,14 @@ class SegTask:
         stage applies to each micro-batch."""
         stages = split_network(model, k, self.model_cfg["in_channels"], self.plan.patch_size)
         return stages, self._loss
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """The blocks FSDP shards one by one: the U-Net's levels (down blocks, bottom, up
+        blocks), as the pipeline cuts it; a network of another shape, its ModuleLists'."""
+        try:
+            return [op.module for op in network_ops(model)]
+        except VoxjetError:
+            return shard_units(model)
 
     def pipeline_batch(self, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(input patches, label patches) on the device (labels widened there from the

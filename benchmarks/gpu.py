@@ -347,6 +347,26 @@ def ddp_row(r: Report, a: argparse.Namespace) -> None:
     r.add("ddp", f"DDP step on {backend} (1 process), ms", float(ms), "PFN, batch as above")
 
 
+def data_parallel_rows(r: Report, a: argparse.Namespace) -> None:
+    """DDP, FSDP and pipeline stages side by side (benchmarks/data_parallel.py) on 2 GPUs:
+    peak memory a process, step time, bytes sent a step."""
+    if torch.cuda.device_count() < 2 or a.tiny:
+        why = "tiny run" if a.tiny else f"{torch.cuda.device_count()} GPU(s): NCCL needs 2"
+        r.add("data_parallel", "DDP vs FSDP vs pipeline", "skipped", why)
+        return
+    script = Path(__file__).resolve().parent / "data_parallel.py"
+    cmd = [sys.executable, str(script), "--device", "cuda", "--steps", "6"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, int(r.left())))
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode or not rows:
+        r.add("data_parallel", "DDP vs FSDP vs pipeline", "failed", out.stderr[-300:])
+        return
+    for row in rows:
+        detail = f"step {row['step_s'] * 1e3:.0f} ms, {row['sent_bytes'] / 2**20:.0f} MiB sent"
+        r.add("data_parallel", f"{row['model']} {row['scheme']} peak GiB a GPU",
+              row["peak_bytes"] / 2**30, detail)  # fmt: skip
+
+
 def fail_fast_row(r: Report) -> None:
     """`voxjet launch` asking for one GPU more than torch sees: refused, before any work."""
     gpus = torch.cuda.device_count() + 1 if torch.cuda.is_available() else 2
@@ -389,7 +409,8 @@ def main() -> None:
         eager: dict[str, float] = {}
         parts = (lambda: eager.update(jets_eager(r, device, a)), lambda: fail_fast_row(r),
                  lambda: ddp_row(r, a), lambda: seg_section(r, device, a, Path(tmp)),
-                 lambda: jets_compiled(r, device, a, eager))  # fmt: skip
+                 lambda: jets_compiled(r, device, a, eager),
+                 lambda: data_parallel_rows(r, a))  # fmt: skip
         for part in parts:
             try:
                 part()

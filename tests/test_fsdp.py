@@ -134,3 +134,14 @@ def test_fsdp_with_pipeline_stages_is_refused_at_the_dry_run(demo_config):
     exp["train"] = {**(exp.get("train") or {}), "pipeline_stages": 2, "data_parallel": "fsdp"}
     with pytest.raises(VoxjetError, match=r"data_parallel': fsdp with pipeline_stages 2"):
         check_config(demo_config)
+
+
+def test_a_sweep_over_ddp_and_fsdp_plans_one_run_each(demo_config):
+    from voxjet.config import check_config, expand_runs, fill_defaults
+
+    exp = next(e for e in demo_config["experiments"].values() if e["model"]["name"] == "part")
+    exp["sweep"] = {"train.data_parallel": ["ddp", "fsdp"]}
+    check_config(demo_config)
+    fill_defaults(demo_config)
+    runs = [r for r in expand_runs(demo_config).values() if r.params.get("train.data_parallel")]
+    assert sorted(r.params["train.data_parallel"] for r in runs) == ["ddp", "fsdp"]

@@ -4,7 +4,7 @@ model was built (parameters, gradients, optimiser state, activations), step time
 each process sends a step, for a jets transformer (voxjet's ParT, sized so that its parameters
 and AdamW state dominate) and a U-Net (MONAI's, voxjet's pipeline cut for the third column).
 
-    .venv/bin/python benchmarks/data_parallel.py [--steps 6] [--device cpu|cuda]
+    .venv/bin/python benchmarks/data_parallel.py [--steps 6] [--device cpu|cuda] [--tiny]
 
 Each scheme runs in its own `torchrun --nproc-per-node 2` (gloo on CPU, NCCL on GPUs) with the
 code training uses (voxjet.distributed.sharded.shard_model, DDP, PipelineParallel); the step is
@@ -43,7 +43,11 @@ def _peak() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
 
 
-def worker(model_name: str, scheme: str, steps: int, device_kind: str) -> None:
+TINY_PART = {**PART, "dim": 32, "blocks": 2}
+TINY_UNET = {**UNET, "channels": [4, 8, 16, 32, 64]}
+
+
+def worker(model_name: str, scheme: str, steps: int, device_kind: str, tiny: bool) -> None:
     """One process of one scheme: build, wrap, step; rank 0 prints a JSON row."""
     import torch
     import torch.distributed as dist
@@ -59,7 +63,8 @@ def worker(model_name: str, scheme: str, steps: int, device_kind: str) -> None:
         from voxjet.jets.models.part import ParT
 
         feats = ["part_deta", "part_dphi", "part_pt_log", "part_e_log"]
-        model = ParT(4, 10, [0.0] * 4, [1.0] * 4, feats, **PART).to(rt.device)
+        model = ParT(4, 10, [0.0] * 4, [1.0] * 4, feats, **(TINY_PART if tiny else PART))
+        model = model.to(rt.device)
         x = torch.randn(8, 32, 4, device=rt.device)
         mask = torch.ones(8, 32, dtype=torch.bool, device=rt.device)
         y = torch.randint(0, 10, (8,), device=rt.device)
@@ -72,7 +77,7 @@ def worker(model_name: str, scheme: str, steps: int, device_kind: str) -> None:
         from voxjet.volumes.networks.models import build_seg_model
         from voxjet.volumes.networks.unet_stages import network_ops, split_network
 
-        model = build_seg_model(dict(UNET)).to(rt.device)
+        model = build_seg_model(dict(TINY_UNET if tiny else UNET)).to(rt.device)
         x = torch.randn(2, 1, 32, 32, 32, device=rt.device)
         y = torch.randint(0, 3, (2, 32, 32, 32), device=rt.device)
 
@@ -140,10 +145,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny models (the test suite's run)")
     ap.add_argument("--worker", nargs=2, metavar=("MODEL", "SCHEME"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        worker(*a.worker, a.steps, a.device)
+        worker(*a.worker, a.steps, a.device, a.tiny)
         return
     rows = []
     torchrun = Path(sys.executable).parent / "torchrun"
@@ -152,7 +158,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port",
                        str(29600 + len(rows)), __file__, "--worker", model_name, scheme,
-                       "--steps", str(a.steps), "--device", a.device]  # fmt: skip
+                       "--steps", str(a.steps), "--device", a.device,
+                       *(["--tiny"] if a.tiny else [])]  # fmt: skip
                 # a fixed mmap threshold: freed tensors go back to the system, so the resident
                 # peak follows the live tensors (glibc's moving threshold keeps freed heap)
                 env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"),

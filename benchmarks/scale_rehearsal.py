@@ -190,7 +190,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/voxjet-scale"))
     ap.add_argument("--keep", action="store_true", help="keep the files for another run")
     a = ap.parse_args()
-    work = a.work / a.format
+    work = a.work.resolve() / a.format
     src_dir = work / "sources"
     if src_dir.is_dir() and len(list(src_dir.glob(f"*.{a.format}"))) == a.files:
         sources = sorted(src_dir.glob(f"*.{a.format}"))

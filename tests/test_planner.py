@@ -135,6 +135,12 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
     assert link["backend"] == "gloo" and saved["site"]["intra_node_gbps"] == 100.0
     md = (tmp_path / "plan" / "runs.md").read_text()
     assert "## pfn_a (100 steps)" in md and "Sweep allocation for a budget of 4 GPUs" in md
+    # DDP, FSDP and pipeline compared, with the optimiser's state measured (AdamW: 2 × P)
+    assert prof["optimizer_bytes"] == pytest.approx(2 * prof["grad_bytes"], rel=0.01)
+    par = b["parallelism"]
+    assert [o["scheme"] for o in par["options"]] == ["ddp", "fsdp"]  # a jets model: no pipeline
+    assert par["scheme"] in ("ddp", "fsdp") and par["why"]
+    assert "Data parallelism at 2 processes" in md and "| fsdp" in md
 
 
 def _pfn(shards):
@@ -290,3 +296,49 @@ def test_a_segmentation_run_whose_largest_case_would_not_fit_its_evaluation_job_
                                               "profile": profile, "predictions": [],
                                               "prediction_memory": got}]})  # fmt: skip
     assert "Predicting the dataset's largest case, case 2 of the fingerprint (512×512×800" in md
+
+
+def _big_profile(**kw) -> Profile:
+    """A step whose parameters and optimiser state dominate (a 1 GiB model, AdamW) on a GPU."""
+    gib = 2**30
+    base = dict(forward_s=0.1, backward_s=0.2, optimizer_s=0.02, grad_bytes=1.0 * gib, batch=8,
+                peak_memory_bytes=5.0 * gib, device="cuda", optimizer_bytes=2.0 * gib,
+                unit_bytes=0.05 * gib, units=21)  # fmt: skip
+    return Profile(**{**base, **kw})
+
+
+def test_a_run_that_fits_only_sharded_is_planned_fsdp_and_one_that_fits_nowhere_refused():
+    from voxjet.errors import VoxjetError
+    from voxjet.planner.model import Links
+    from voxjet.planner.parallelism import choose, compare, memory_a_process
+
+    gib, links = 2**30, Links(100e9, 12.5e9, 10e-6)
+    p = _big_profile()
+    # DDP: P + G + O + a bucketed copy of G + the rest (1 GiB): 6 GiB; FSDP over 4: 1 + 0.1 + 1
+    assert memory_a_process(p, "ddp", 4) == pytest.approx(6 * gib)
+    assert memory_a_process(p, "fsdp", 4) == pytest.approx(4 * gib / 4 + 0.1 * gib + 1 * gib)
+    rows = compare(p, 4, 1, links, 4 * gib, pipelinable=False)
+    chosen = choose(rows, 4 * gib, "big")
+    assert chosen["scheme"] == "fsdp" and "DDP needs 6 GiB a process" in chosen["why"]
+    roomy = choose(compare(p, 4, 1, links, 80 * gib, pipelinable=False), 80 * gib, "big")
+    assert roomy["scheme"] == "ddp"  # FSDP's extra gathers buy nothing when DDP fits
+    with pytest.raises(
+        VoxjetError,
+        match=r"run big: fits the device under no scheme at 4 "
+        r"processes \(ddp 6 GiB, fsdp 2.1 GiB a process; the device has 1 GiB\)",
+    ):
+        choose(compare(p, 4, 1, links, 1 * gib, pipelinable=False), 1 * gib, "big")
+
+
+def test_fsdp_sends_one_and_a_half_times_ddps_bytes_and_hides_them_behind_compute():
+    from voxjet.planner.model import Links
+    from voxjet.planner.parallelism import compare
+
+    p = _big_profile()
+    rows = {r.scheme: r for r in compare(p, 2, 1, Links(100e9, 12.5e9, 10e-6), None, True)}
+    assert rows["fsdp"].sent_bytes == pytest.approx(1.5 * rows["ddp"].sent_bytes)
+    assert set(rows) == {"ddp", "fsdp", "pipeline"}
+    # a fast link: FSDP's step is compute, its optimiser's share halved, and the first gather
+    assert rows["fsdp"].step_s == pytest.approx(0.1 + 0.2 + 0.01, rel=0.05)
+    slow = {r.scheme: r for r in compare(p, 2, 1, Links(1e9, 1e9, 10e-6), None, False)}
+    assert slow["fsdp"].step_s > slow["ddp"].step_s  # 1.5 × the bytes on a slow link

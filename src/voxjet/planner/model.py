@@ -35,6 +35,10 @@ class Profile:
     validation_shares: list | None = None  # [[n, seconds of rank 0's share at n processes]]
     loader_s: float = 0.0  # CPU time the loader takes to produce one batch, on its own
     cores: int | None = None  # CPUs the profiling process could use
+    optimizer_bytes: float = 0.0  # the optimiser's state after a step (AdamW: 2× the params)
+    unit_bytes: float = 0.0  # the largest block FSDP shards (voxjet.distributed.sharded)
+    units: int = 1  # the blocks FSDP shards, the model's remainder counted
+    device_memory_bytes: float | None = None  # the GPU's, where one profiled
 
 
 @dataclass

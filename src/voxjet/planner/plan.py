@@ -20,6 +20,7 @@ import torch
 from voxjet.distributed import checkpoint
 from voxjet.distributed.launch import threads_per_process
 from voxjet.distributed.runtime import Runtime, init_runtime, shutdown
+from voxjet.distributed.sharded import shard_units
 from voxjet.errors import VoxjetError
 from voxjet.io.atomic import atomic_path, write_json
 from voxjet.io.device_feed import DeviceFeed
@@ -35,6 +36,7 @@ from voxjet.planner.model import (
     predict_pipeline_step,
     predict_step,
 )
+from voxjet.planner.parallelism import choose, compare
 from voxjet.training.task import epochs, make_optimizer
 from voxjet.volumes.inference.case_memory import check_job_memory, largest_case_need
 from voxjet.volumes.training.train import make_task as seg_task
@@ -266,13 +268,22 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
 
         peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     load *= scale
+    units = getattr(task, "fsdp_units", shard_units)(model)
+    unit_bytes = max((sum(p.numel() * p.element_size() for p in u.parameters()) for u in units),
+                     default=0)  # fmt: skip
+    opt_bytes = sum(t.numel() * t.element_size() for st in opt.state.values()
+                    for t in st.values() if torch.is_tensor(t))  # fmt: skip
+    total = (torch.cuda.get_device_properties(device).total_memory
+             if device.type == "cuda" else None)  # fmt: skip
     return Profile(fwd * scale, bwd * scale, opt_s * scale, float(grad), stepper.items,
                    1 / load if load > 0 else None, peak, device.type,
                    step_s=step, spread=float((q75 - q25) / step) if step > 0 else 0.0,
                    steps_timed=len(parts), warmup_steps=warm, validation_s=validation,
                    checkpoint_s=saving, threads=torch.get_num_threads(),
                    validation_shares=shares, loader_s=loader,
-                   cores=len(os.sched_getaffinity(0)))  # fmt: skip
+                   cores=len(os.sched_getaffinity(0)), optimizer_bytes=float(opt_bytes),
+                   unit_bytes=float(unit_bytes), units=len(units) + 1,
+                   device_memory_bytes=total)  # fmt: skip
 
 
 def sizes_for(gpu: bool, site: Site) -> list[tuple[int, int]]:
@@ -363,6 +374,26 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
     return out
 
 
+def parallelism_of(p: Profile, run: dict[str, Any], site: Site) -> dict[str, Any]:
+    """DDP, FSDP and pipeline stages compared at the run's processes (2 for a one-process
+    run: what it would take to spread it), the choice and why (planner.parallelism)."""
+    n = max(2, int(run.get("processes") or 1))
+    train = run["config"].get("train", {})
+    per_node = min(n, site.gpus_per_node or n) if p.device == "cuda" else n
+    nodes = max(1, n // per_node)
+    limit = p.device_memory_bytes
+    if p.device != "cuda" and run.get("mem_mb"):
+        limit = float(run["mem_mb"]) * 2**20 / n  # the job's memory, shared by its processes
+    pipelinable = run["domain"] == "volumes" and \
+        run["config"].get("model", {}).get("name", "unet") in ("unet", "dynunet")  # fmt: skip
+    rows = compare(p, per_node, nodes, site.links(), limit, pipelinable,
+                   int(train.get("microbatches", 4)))  # fmt: skip
+    out = choose(rows, limit, run["run"])
+    out["configured"] = "pipeline" if int(train.get("pipeline_stages", 1) or 1) > 1 else \
+        train.get("data_parallel", "ddp")  # fmt: skip
+    return out
+
+
 def profile_key(run: dict[str, Any]) -> str:
     """What decides a step's cost: runs equal in it share one profile."""
     train = run["config"].get("train", {})
@@ -424,7 +455,8 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
             steps = int(run["config"].get("train", {}).get("steps", 0))
             plans.append({"run": run["run"], "experiment": run["experiment"], "steps": steps,
                           "profile": asdict(p),
-                          "predictions": predict_run(p, run, sites[p.device])})  # fmt: skip
+                          "predictions": predict_run(p, run, sites[p.device]),
+                          "parallelism": parallelism_of(p, run, sites[p.device])})  # fmt: skip
             if memory[key] is not None:
                 plans[-1]["prediction_memory"] = memory[key]
     finally:
@@ -465,6 +497,26 @@ def _profile(
     except torch.OutOfMemoryError as e:
         raise VoxjetError(f"run {run['run']}: one training step does not fit the device "
                           f"({e}); lower train.batch_size or the model's size") from e  # fmt: skip
+
+
+def parallelism_markdown(par: dict[str, Any] | None) -> list[str]:
+    """runs.md's lines comparing DDP, FSDP and pipeline stages for one run."""
+    if not par:
+        return []
+    n = par["options"][0]["processes"]
+    limit = par["limit_bytes"]
+    dev = f"{limit / 2**30:.3g} GiB a process" if limit else "no memory limit known"
+    out = [f"Data parallelism at {n} processes ({dev}): **{par['scheme']}** — {par['why']}"
+           + (f" (the config asks for {par['configured']})"
+              if par["configured"] != par["scheme"] else "") + ".", "",
+           "| scheme | memory a process | step | sent a step | fits |",
+           "|---|---|---|---|---|"]  # fmt: skip
+    for o in par["options"]:
+        mark = " ★" if o["scheme"] == par["scheme"] else ""
+        out.append(f"| {o['scheme']}{mark} | {o['memory_bytes'] / 2**30:.3g} GiB | "
+                   f"{o['step_s'] * 1e3:.3g} ms | {o['sent_bytes'] / 2**20:.3g} MiB | "
+                   f"{'yes' if o['fits'] else 'no'} |")  # fmt: skip
+    return [*out, ""]
 
 
 def _h(s: float) -> str:
@@ -513,6 +565,7 @@ def plan_markdown(result: dict[str, Any]) -> str:
                 + " |"
             )
         out.append("")
+        out += parallelism_markdown(plan.get("parallelism"))
     alloc = result.get("allocation")
     if alloc:
         out += [f"## Sweep allocation for a budget of {alloc['budget']} GPUs", "",

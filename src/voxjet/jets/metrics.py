@@ -116,6 +116,10 @@ def shown_signals(metrics: dict, k: int = SHOWN_CLASSES) -> list[str]:
     per = metrics["vs_" + metrics["background"]]
     if len(per) <= k:
         return list(per)
-    # a class without an AUC (no test jet) first: it is what most needs looking at
-    chosen = set(sorted(per, key=lambda c: np.nan_to_num(per[c]["auc"], nan=-1.0))[:k])
+    # a class without an AUC (no test jet; null in metrics.json) first: it most needs a look
+    def auc(c: str) -> float:
+        v = per[c].get("auc")
+        return float(v) if v is not None and np.isfinite(v) else -1.0
+
+    chosen = set(sorted(per, key=auc)[:k])
     return [c for c in per if c in chosen]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -236,9 +237,8 @@ def test_any_background_class_and_rejections_at_their_bound(tmp_path):
     assert ("fuzzy", "rej50_signal_vs_background_is_lower_bound") not in val
     assert val[("fuzzy", "rej50_signal_vs_background")] > 1
     summary = (tmp_path / "summary" / "summary.md").read_text()
-    assert (
-        "Rejections at their bound" in summary and "perfect: rej50_signal_vs_background" in summary
-    )
+    assert "Rejections at their bound" in summary
+    assert re.search(r"perfect: [^;]*rej50_signal_vs_background", summary)
     figs = {p.name for p in (tmp_path / "summary" / "figures").iterdir()}
     assert {"jets-ds_jets-roc.png", "jets-ds_jets-rejection.png"} <= figs
 

@@ -127,6 +127,13 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
         assert r["time_to_steps_s"] == pytest.approx(100 * r["step_s"] + extra)
         assert r["loop_overhead_s"] == pytest.approx(extra) and extra > 0
         assert r["energy_kwh"] is None  # no site.device_power_w: not predicted
+        # the whole job: its start (measured: this process's), the model and first batch,
+        # the steps with their warm-up, validations, checkpoints and model.pt, part by part
+        parts = r["job_parts_s"]
+        assert list(parts) == ["startup", "data", "steps", "validation", "checkpoints",
+                               "export"] and parts["startup"] > 0 and parts["data"] > 0  # fmt: skip
+        assert r["job_s"] == pytest.approx(sum(parts.values()))
+        assert r["job_s"] > r["time_to_steps_s"] and r["job_items_per_s"] < r["items_per_s"]
     # 4 processes on 2 cores share them: no faster than 2
     assert a["predictions"][2]["items_per_s"] <= a["predictions"][1]["items_per_s"] * 1.01
     assert saved["allocation"]["choice"] in (1, 2, 4)
@@ -141,6 +148,7 @@ def test_plan_runs_profiles_once_a_configuration_and_predicts_every_size(shards,
     assert [o["scheme"] for o in par["options"]] == ["ddp", "fsdp"]  # a jets model: no pipeline
     assert par["scheme"] in ("ddp", "fsdp") and par["why"]
     assert "Data parallelism at 2 processes" in md and "| fsdp" in md
+    assert "The training job at its own size (1 process(es))" in md
 
 
 def _pfn(shards):
@@ -179,9 +187,19 @@ def test_the_summary_sets_predictions_beside_measured_throughput(tmp_path):
                   str(d / "metrics.jsonl"))  # fmt: skip
     aggregate([run], tmp_path / "summary", plan=str(tmp_path / "runs.json"))
     md = (tmp_path / "summary" / "summary.md").read_text()
-    assert "| pfn | 1 | 1100 jets/s | 1000 jets/s | +10% |" in md
+    assert "| pfn | 1 | steady | 1100 jets/s | 1000 jets/s | – | +10% |" in md
     assert "Mean absolute error 10% over 1 runs." in md
     assert (tmp_path / "summary" / "figures" / "pipeline-all-planner.png").stat().st_size > 1e4
+    # the training job timed (its Snakemake benchmark): the whole job compared, both sides
+    plan["runs"][0]["predictions"][0].update(job_s=100.0, job_items_per_s=500.0)
+    (tmp_path / "runs.json").write_text(json.dumps(plan))
+    bench = tmp_path / "benchmarks" / "train_jets" / "ds"
+    bench.mkdir(parents=True)
+    (bench / "pfn.tsv").write_text("s\th:m:s\tmax_rss\n125.0\t0:02:05\t100\n")
+    aggregate([run], tmp_path / "summary", str(tmp_path / "benchmarks"),
+              plan=str(tmp_path / "runs.json"))  # fmt: skip
+    md = (tmp_path / "summary" / "summary.md").read_text()
+    assert "| pfn | 1 | job | 500 jets/s | 400 jets/s | 100 s / 125 s | +25% |" in md
 
 
 def test_the_plan_runs_command_writes_the_plan(shards, tmp_path, capsys):

@@ -116,6 +116,7 @@ def shown_signals(metrics: dict, k: int = SHOWN_CLASSES) -> list[str]:
     per = metrics["vs_" + metrics["background"]]
     if len(per) <= k:
         return list(per)
+
     # a class without an AUC (no test jet; null in metrics.json) first: it most needs a look
     def auc(c: str) -> float:
         v = per[c].get("auc")

@@ -39,6 +39,11 @@ class Profile:
     unit_bytes: float = 0.0  # the largest block FSDP shards (voxjet.distributed.sharded)
     units: int = 1  # the blocks FSDP shards, the model's remainder counted
     device_memory_bytes: float | None = None  # the GPU's, where one profiled
+    # the job around the steps: a process's start to its first line of work (imports), the
+    # model built and the first batch read, the warm-up steps' time beyond settled steps
+    startup_s: float = 0.0
+    data_ready_s: float = 0.0
+    warmup_extra_s: float = 0.0
 
 
 @dataclass

@@ -213,11 +213,15 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     stepper = _Stepper(task, s, rt)
+    built_s = time.perf_counter() - start
+    first_load = None
     try:
         walls: list[float] = []
         warm = 0
         while warm < limits.max_warmup and not _settled(walls):
-            walls.append(sum(stepper.step()))
+            parts_of = stepper.step()
+            first_load = parts_of[0] if first_load is None else first_load
+            walls.append(sum(parts_of))
             warm += 1
             spent = time.perf_counter() - start
             needed = spent + _median(walls[-3:]) * limits.min_steps
@@ -283,7 +287,9 @@ def profile_task(task: Any, s: Any, rt: Any, limits: ProfileLimits | None = None
                    validation_shares=shares, loader_s=loader,
                    cores=len(os.sched_getaffinity(0)), optimizer_bytes=float(opt_bytes),
                    unit_bytes=float(unit_bytes), units=len(units) + 1,
-                   device_memory_bytes=total)  # fmt: skip
+                   device_memory_bytes=total, data_ready_s=built_s + (first_load or 0.0),
+                   warmup_extra_s=max(0.0, sum(walls) - (first_load or 0.0)
+                                      - len(walls) * step))  # fmt: skip
 
 
 def sizes_for(gpu: bool, site: Site) -> list[tuple[int, int]]:
@@ -365,10 +371,16 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
                     + _at(eval_every, steps, first=log_every) * validation
                     + _at(ckpt_every, steps, first=log_every) * profile.checkpoint_s)  # fmt: skip
         pred.items_per_s = (n // stages) * profile.batch * window_steps / window_s
+        parts = job_parts(profile, n, pred.step_s * steps,
+                          _at(eval_every, steps) * validation,
+                          _at(ckpt_every, steps) * profile.checkpoint_s)  # fmt: skip
+        job = sum(parts.values())
         row = {**asdict(pred), "processes_total": n, "time_to_steps_s": seconds,
                "loop_overhead_s": extra, "profile_spread": profile.spread,
-               "device_hours": seconds * n / 3600, "own": n == run.get("processes")}  # fmt: skip
-        row["energy_kwh"] = (seconds * n * site.device_power_w / 3.6e6
+               "job_s": job, "job_parts_s": parts,
+               "job_items_per_s": (n // stages) * profile.batch * steps / job if job else 0.0,
+               "device_hours": job * n / 3600, "own": n == run.get("processes")}  # fmt: skip
+        row["energy_kwh"] = (job * n * site.device_power_w / 3.6e6
                              if site.device_power_w else None)  # fmt: skip
         out.append(row)
     return out
@@ -394,6 +406,23 @@ def parallelism_of(p: Profile, run: dict[str, Any], site: Site) -> dict[str, Any
     return out
 
 
+def process_age() -> float:
+    """Seconds since this process started (its interpreter, imports and arguments)."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+def job_parts(profile: Profile, n: int, steps_s: float, validations_s: float,
+              checkpoints_s: float) -> dict[str, float]:  # fmt: skip
+    """A training job's wall time in its parts: the start (a launcher and its processes
+    starting one after the other beyond one process), the model built and the first batch,
+    the steps and their warm-up, the validations, the checkpoints, the export (model.pt)."""
+    return {"startup": profile.startup_s * (2 if n > 1 else 1), "data": profile.data_ready_s,
+            "steps": steps_s + profile.warmup_extra_s, "validation": validations_s,
+            "checkpoints": checkpoints_s, "export": profile.checkpoint_s}  # fmt: skip
+
+
 def profile_key(run: dict[str, Any]) -> str:
     """What decides a step's cost: runs equal in it share one profile."""
     train = run["config"].get("train", {})
@@ -416,6 +445,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
     `time_limit_s` (the job's): each profile gets an equal share of what is left, and a run
     whose profile cannot finish in it is named."""
     start = time.perf_counter()
+    startup = process_age()  # this job's start to here: what a training job's start takes too
     rt = init_runtime()
     measured = []
     sites = {"cuda": site, "cpu": site}
@@ -447,6 +477,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
                     left = time_limit_s - (time.perf_counter() - start)
                     limits.budget_s = left / max(1, todo - len(profiles))
                 profiles[key], memory[key] = _profile(run, rt, limits)
+                profiles[key].startup_s = startup
                 p = profiles[key]
                 print(f"  step {p.step_s * 1e3:.3g} ms (trimmed mean) over {p.steps_timed} steps "
                       f"(spread {100 * p.spread:.0f}%), validation {p.validation_s:.3g} s, "
@@ -497,6 +528,18 @@ def _profile(
     except torch.OutOfMemoryError as e:
         raise VoxjetError(f"run {run['run']}: one training step does not fit the device "
                           f"({e}); lower train.batch_size or the model's size") from e  # fmt: skip
+
+
+def job_markdown(predictions: list[dict[str, Any]]) -> list[str]:
+    """runs.md's line with the run's whole job at its own size, part by part."""
+    own = next((r for r in predictions if r.get("own")), None)
+    if own is None or "job_parts_s" not in own:
+        return []
+    parts = ", ".join(f"{k} {_h(v)}" for k, v in own["job_parts_s"].items())
+    return [f"The training job at its own size ({own['processes_total']} process(es)): "
+            f"{_h(own['job_s'])} — {parts}; {own['job_items_per_s']:.4g} items/s over the "
+            "whole job (what its time limit and device-hours are sized by; the steady rate "
+            "between validations is the table's).", ""]  # fmt: skip
 
 
 def parallelism_markdown(par: dict[str, Any] | None) -> list[str]:
@@ -565,6 +608,7 @@ def plan_markdown(result: dict[str, Any]) -> str:
                 + " |"
             )
         out.append("")
+        out += job_markdown(plan["predictions"])
         out += parallelism_markdown(plan.get("parallelism"))
     alloc = result.get("allocation")
     if alloc:

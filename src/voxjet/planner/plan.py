@@ -371,7 +371,7 @@ def predict_run(profile: Profile, run: dict[str, Any], site: Site) -> list[dict]
                     + _at(eval_every, steps, first=log_every) * validation
                     + _at(ckpt_every, steps, first=log_every) * profile.checkpoint_s)  # fmt: skip
         pred.items_per_s = (n // stages) * profile.batch * window_steps / window_s
-        parts = job_parts(profile, n, pred.step_s * steps,
+        parts = job_parts(profile, pred.step_s * steps,
                           _at(eval_every, steps) * validation,
                           _at(ckpt_every, steps) * profile.checkpoint_s)  # fmt: skip
         job = sum(parts.values())
@@ -413,12 +413,12 @@ def process_age() -> float:
     return max(0.0, time.time() - psutil.Process().create_time())
 
 
-def job_parts(profile: Profile, n: int, steps_s: float, validations_s: float,
+def job_parts(profile: Profile, steps_s: float, validations_s: float,
               checkpoints_s: float) -> dict[str, float]:  # fmt: skip
-    """A training job's wall time in its parts: the start (a launcher and its processes
-    starting one after the other beyond one process), the model built and the first batch,
+    """A training job's wall time in its parts: the start (torchrun, then its processes, each
+    a Python with torch: one after the other, at any n), the model built and the first batch,
     the steps and their warm-up, the validations, the checkpoints, the export (model.pt)."""
-    return {"startup": profile.startup_s * (2 if n > 1 else 1), "data": profile.data_ready_s,
+    return {"startup": 2 * profile.startup_s, "data": profile.data_ready_s,
             "steps": steps_s + profile.warmup_extra_s, "validation": validations_s,
             "checkpoints": checkpoints_s, "export": profile.checkpoint_s}  # fmt: skip
 

@@ -406,19 +406,33 @@ def parallelism_of(p: Profile, run: dict[str, Any], site: Site) -> dict[str, Any
     return out
 
 
-def process_age() -> float:
-    """Seconds since this process started (its interpreter, imports and arguments)."""
-    import psutil
+# what a training job starts before its first step: `voxjet job` (the CLI), torchrun, then each
+# of its processes importing the domain's training code (torch with it)
+STARTUP_IMPORTS = {"jets": "voxjet.jets.train", "volumes": "voxjet.volumes.training.train"}
 
-    return max(0.0, time.time() - psutil.Process().create_time())
+
+def startup_probe(domain: str) -> float:
+    """Seconds a training job of `domain` takes to start, measured here: fresh interpreters
+    importing what `voxjet job`, torchrun and a training process import, one after another
+    (as the job starts them)."""
+    import subprocess
+    import sys
+
+    took = 0.0
+    for module in ("voxjet.cli", "torch.distributed.run", STARTUP_IMPORTS[domain]):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"import {module}"], check=True,
+                       capture_output=True)  # fmt: skip
+        took += time.perf_counter() - t
+    return took
 
 
 def job_parts(profile: Profile, steps_s: float, validations_s: float,
               checkpoints_s: float) -> dict[str, float]:  # fmt: skip
-    """A training job's wall time in its parts: the start (torchrun, then its processes, each
-    a Python with torch: one after the other, at any n), the model built and the first batch,
+    """A training job's wall time in its parts: the start (startup_probe's), the model built and
+    the first batch,
     the steps and their warm-up, the validations, the checkpoints, the export (model.pt)."""
-    return {"startup": 2 * profile.startup_s, "data": profile.data_ready_s,
+    return {"startup": profile.startup_s, "data": profile.data_ready_s,
             "steps": steps_s + profile.warmup_extra_s, "validation": validations_s,
             "checkpoints": checkpoints_s, "export": profile.checkpoint_s}  # fmt: skip
 
@@ -445,7 +459,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
     `time_limit_s` (the job's): each profile gets an equal share of what is left, and a run
     whose profile cannot finish in it is named."""
     start = time.perf_counter()
-    startup = process_age()  # this job's start to here: what a training job's start takes too
+    startup = {d: startup_probe(d) for d in sorted({r["domain"] for r in runs})}
     rt = init_runtime()
     measured = []
     sites = {"cuda": site, "cpu": site}
@@ -477,7 +491,7 @@ def plan_runs(runs: list[dict[str, Any]], site: Site, out_dir: str | Path,
                     left = time_limit_s - (time.perf_counter() - start)
                     limits.budget_s = left / max(1, todo - len(profiles))
                 profiles[key], memory[key] = _profile(run, rt, limits)
-                profiles[key].startup_s = startup
+                profiles[key].startup_s = startup[run["domain"]]
                 p = profiles[key]
                 print(f"  step {p.step_s * 1e3:.3g} ms (trimmed mean) over {p.steps_timed} steps "
                       f"(spread {100 * p.spread:.0f}%), validation {p.validation_s:.3g} s, "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import yaml
+from workflow_copy import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,10 +36,7 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        for sub in ("workflow", "config", "envs", "profiles"):
-            shutil.copytree(REPO / sub, d / sub)
-        shutil.copy(REPO / "Snakefile", d / "Snakefile")
-        shutil.copy(REPO / "pyproject.toml", d / "pyproject.toml")
+        copy_workflow(d)
         (d / "files.txt").write_text(
             "".join(
                 f"root://eos.example.org//eos/jetclass/{c}_{i:05d}.root\n"

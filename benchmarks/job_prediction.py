@@ -15,13 +15,13 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+from workflow_copy import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,10 +45,7 @@ def one(seed: int, steps: int) -> dict:
     """A fresh workflow run; the summary's planner row for the PFN."""
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        for sub in ("workflow", "config", "envs", "profiles"):
-            shutil.copytree(REPO / sub, d / sub)
-        shutil.copy(REPO / "Snakefile", d / "Snakefile")
-        shutil.copy(REPO / "pyproject.toml", d / "pyproject.toml")
+        copy_workflow(d)
         (d / "config" / "config.yaml").write_text(yaml.safe_dump(config(seed, steps)))
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         r = subprocess.run([str(BIN / "snakemake"), "-c", "2"], cwd=d, env=env,

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import uproot
 import yaml
+from workflow_copy import copy_workflow
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -110,10 +111,7 @@ def raw_read(paths: list[Path], branches: list[str], fmt: str) -> tuple[int, flo
 
 def workflow(d: Path, sources: Path, fmt: str, shard_jobs: int) -> Path:
     """A copy of the workflow whose config reads `sources`."""
-    for sub in ("workflow", "config", "envs", "profiles"):
-        shutil.copytree(REPO / sub, d / sub, dirs_exist_ok=True)
-    shutil.copy(REPO / "Snakefile", d / "Snakefile")
-    shutil.copy(REPO / "pyproject.toml", d / "pyproject.toml")
+    copy_workflow(d)
     config = {
         "datasets": {
             "big": {

@@ -109,6 +109,20 @@ def write_config(path: Path, config: dict) -> Path:
 
 
 @pytest.fixture
+def run_pfn_workflow(workflow_dir: Path, source: dict, jets: dict,
+                     train: dict) -> subprocess.CompletedProcess:  # fmt: skip
+    """Real snakemake (`-c 2`) over one jets dataset `jets` (its source and jets section) and
+    one tiny PFN (one process, one thread) trained with `train`."""
+    cfg = {
+        "datasets": {"jets": {"domain": "jets", "source": source, "jets": jets}},
+        "experiments": {"pfn": {"dataset": "jets", "launch": {"gpus": 0, "threads": 1},
+                                "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
+                                "train": train}},
+    }  # fmt: skip
+    write_config(workflow_dir / "config" / "config.yaml", cfg)
+    return run_snakemake(workflow_dir, "-c", "2")
+
+
 def demo_config() -> dict:
     """The demo config as a dict."""
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -210,21 +210,15 @@ def test_taggers_read_the_vertices_through_evaluation_predict_and_export(raw, sh
 def test_the_workflow_runs_a_vertex_collection_and_a_mass_target_to_the_summary(workflow_dir):
     """Real snakemake on toy files: a dataset with a `sv` collection and a regression target
     stages, shards, trains, evaluates and reports the target's resolution in the summary."""
-    from conftest import run_snakemake, write_config
+    from conftest import run_pfn_workflow
 
     jets = {"labels": ["label_QCD", "label_Hbb"], "max_particles": 24, "new_variables": NEW,
             "collections": SV, "targets": {"gen_mass": {"expr": "aux_genjet_mass"}},
             "jet_features": ["jet_pt", "jet_sdmass"]}  # fmt: skip
     source = {"synthetic": {"generator": "toy", "classes": ["QCD", "Hbb"], "files_per_class": 1,
                             "jets_per_file": 300, "seed": 3}}  # fmt: skip
-    cfg = {
-        "datasets": {"jets": {"domain": "jets", "source": source, "jets": jets}},
-        "experiments": {"pfn": {"dataset": "jets", "launch": {"gpus": 0, "threads": 1},
-                                "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
-                                "train": {"steps": 20, "eval_every": 10, "batch_size": 32}}},
-    }  # fmt: skip
-    write_config(workflow_dir / "config" / "config.yaml", cfg)
-    r = run_snakemake(workflow_dir, "-c", "2")
+    r = run_pfn_workflow(workflow_dir, source, jets,
+                         {"steps": 20, "eval_every": 10, "batch_size": 32})  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (metrics,) = (workflow_dir / "results").rglob("eval/metrics.json")
     m = json.loads(metrics.read_text())

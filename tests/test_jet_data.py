@@ -102,6 +102,22 @@ HZZ = dict(
 )
 
 
+# a CMS NanoAOD Drell-Yan skim (`Jet_pt` naming, unsigned counters) labelled by an integer branch
+NANO = dict(
+    tree="tree",
+    new_variables={"part_pt_log": "log(Jet_pt)", "met_log": "log(MET_pt)"},
+    particle_features=["part_pt_log", "Jet_jetId"],
+    jet_features=["met_log", "nJet"],
+    sort_by="Jet_pt",
+    selection="nJet >= 1",
+    labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
+    bad_labels="drop",  # events with 3+ muons are none of these classes: left out, counted
+    max_particles=10,
+    val_fraction=0.2,
+    test_fraction=0.2,
+)
+
+
 def test_real_root_files_stage_and_shard(tmp_path):
     """uproot's HZZ sample in zlib, lz4 and lzma (tree `events`, `Jet_Px` naming, a counter
     branch), with the config adapted through new_variables; and a CMS NanoAOD Drell-Yan skim
@@ -124,19 +140,7 @@ def test_real_root_files_stage_and_shard(tmp_path):
     (tmp_path / "nano_raw").mkdir()
     shutil.copy(nano_file, tmp_path / "nano_raw")
     stage(str(tmp_path / "nano_raw"), tmp_path / "nano", tmp_path / "n.json", patterns=["*"])
-    nano = JetDataConfig(
-        tree="tree",
-        new_variables={"part_pt_log": "log(Jet_pt)", "met_log": "log(MET_pt)"},
-        particle_features=["part_pt_log", "Jet_jetId"],
-        jet_features=["met_log", "nJet"],
-        sort_by="Jet_pt",
-        selection="nJet >= 1",
-        labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
-        bad_labels="drop",  # events with 3+ muons are none of these classes: left out, counted
-        max_particles=10,
-        val_fraction=0.2,
-        test_fraction=0.2,
-    )
+    nano = JetDataConfig(**NANO)
     index = shard_jets(tmp_path / "n.json", tmp_path / "nano_shards", nano)
     t = uproot.open(nano_file)["tree"]
     n_mu, n_jet = t["nMuon"].array(library="np"), t["nJet"].array(library="np")

@@ -70,7 +70,7 @@ def test_the_hardest_classes_are_shown_all_when_few():
 def test_188_classes_train_a_tiny_pfn_and_the_summary_stays_one_screen_wide(workflow_dir):
     """Real snakemake: 188 toy classes (one file of 10 jets each) through stage, shard, a
     tiny PFN, evaluation and the summary."""
-    from conftest import run_snakemake, write_config
+    from conftest import run_pfn_workflow
 
     classes = resonance_classes(188)
     jets = {"labels": [f"label_{c}" for c in classes], "max_particles": 16,
@@ -78,14 +78,8 @@ def test_188_classes_train_a_tiny_pfn_and_the_summary_stays_one_screen_wide(work
             "test_fraction": 0.3}  # fmt: skip
     source = {"synthetic": {"generator": "toy", "classes": classes, "files_per_class": 1,
                             "jets_per_file": 10, "seed": 7}}  # fmt: skip
-    cfg = {
-        "datasets": {"jc2": {"domain": "jets", "source": source, "jets": jets}},
-        "experiments": {"pfn": {"dataset": "jc2", "launch": {"gpus": 0, "threads": 1},
-                                "model": {"name": "pfn", "phi_sizes": [16], "f_sizes": [16]},
-                                "train": {"steps": 30, "eval_every": 15, "batch_size": 64}}},
-    }  # fmt: skip
-    write_config(workflow_dir / "config" / "config.yaml", cfg)
-    r = run_snakemake(workflow_dir, "-c", "2")
+    r = run_pfn_workflow(workflow_dir, source, jets,
+                         {"steps": 30, "eval_every": 15, "batch_size": 64})  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (metrics,) = (workflow_dir / "results").rglob("eval/metrics.json")
     m = json.loads(metrics.read_text())

@@ -19,7 +19,7 @@ import pytest
 import uproot
 import yaml
 from conftest import hep_file
-from test_jet_data import HZZ
+from test_jet_data import HZZ, NANO
 
 from voxjet.errors import VoxjetError
 from voxjet.io.parquet_files import ParquetTable
@@ -29,21 +29,6 @@ from voxjet.jets.data_config import JetDataConfig
 from voxjet.jets.shard import shard_jets, split_name
 from voxjet.jets.synth import ToyJetsConfig, generate_dataset
 from voxjet.stage.transfer import stage
-
-NANO = dict(
-    tree="tree",
-    new_variables={"part_pt_log": "log(Jet_pt)", "met_log": "log(MET_pt)"},
-    particle_features=["part_pt_log", "Jet_jetId"],
-    jet_features=["met_log", "nJet"],
-    sort_by="Jet_pt",
-    selection="nJet >= 1",
-    labels={"branch": "nMuon", "classes": ["0mu", "1mu", "2mu"]},
-    bad_labels="drop",
-    max_particles=10,
-    val_fraction=0.2,
-    test_fraction=0.2,
-    shard_jobs=3,
-)
 
 
 def to_parquet(root_dir: Path, out: Path, tree: str, row_group_size: int) -> None:
@@ -130,7 +115,7 @@ def test_a_parquet_copy_of_the_field_packages_files_shards_to_the_same_jets(samp
         settings = {**HZZ, "labels": {"by_file": {"hzz": "*HZZ*"}}}
     else:
         shutil.copy(hep_file("uproot-small-dy-withoffsets.root"), raw)
-        settings = NANO
+        settings = {**NANO, "shard_jobs": 3}
     to_parquet(raw, tmp_path / "pq", settings["tree"], row_group_size=333)
     a = shard(raw, tmp_path, "root", JetDataConfig(**settings), ["*.root"])
     b = shard(tmp_path / "pq", tmp_path, "pq", JetDataConfig(**{**settings, "tree": None}),

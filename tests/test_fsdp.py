@@ -20,8 +20,6 @@ from voxjet.distributed.sharded import shard_units
 from voxjet.errors import VoxjetError
 from voxjet.training.logger import read_metrics
 
-pytestmark = pytest.mark.slow
-
 PART = {"name": "part", "dim": 16, "heads": 2, "blocks": 2, "class_blocks": 1, "pair_dim": 8,
         "dropout": 0.0}  # fmt: skip
 TRAIN = {"steps": 24, "batch_size": 32, "lr": 3e-3, "warmup_steps": 4, "log_every": 4,
@@ -46,6 +44,7 @@ def _losses(run_dir) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
 
 
+@pytest.mark.slow
 def test_a_sharded_part_follows_ddp_and_is_evaluated_from_a_whole_model(shards, tmp_path):
     from voxjet.jets.evaluate import evaluate
 
@@ -68,6 +67,8 @@ def test_a_sharded_part_follows_ddp_and_is_evaluated_from_a_whole_model(shards, 
     assert 0.5 < metrics["auc_macro"] <= 1
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_runs_loss(shards, tmp_path):
     steps = 40
     _run(_jets(shards, tmp_path / "ref", "fsdp", steps))
@@ -97,6 +98,8 @@ def test_a_killed_fsdp_run_resumes_to_the_uninterrupted_runs_loss(shards, tmp_pa
     assert not differ, differ
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_a_sharded_unet_follows_ddp_and_its_model_loads_whole(cases, tmp_path):  # noqa: F811
     from voxjet.volumes.networks.models import load_trained
 

@@ -66,6 +66,7 @@ def test_the_hardest_classes_are_shown_all_when_few():
     assert shown == sorted(shown, key=order.index)  # in class order
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_188_classes_train_a_tiny_pfn_and_the_summary_stays_one_screen_wide(workflow_dir):
     """Real snakemake: 188 toy classes (one file of 10 jets each) through stage, shard, a

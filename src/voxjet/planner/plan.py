@@ -406,8 +406,9 @@ def parallelism_of(p: Profile, run: dict[str, Any], site: Site) -> dict[str, Any
     return out
 
 
-# what a training job starts before its first step: `voxjet job` (the CLI), torchrun, then each
-# of its processes importing the domain's training code (torch with it)
+# what a training job starts before its first step: `voxjet job -- launch` (the CLI, which
+# imports torch to count the GPUs), torchrun, then each of its processes importing the domain's
+# training code (torch with it)
 STARTUP_IMPORTS = {"jets": "voxjet.jets.train", "volumes": "voxjet.volumes.training.train"}
 
 
@@ -419,7 +420,7 @@ def startup_probe(domain: str) -> float:
     import sys
 
     took = 0.0
-    for module in ("voxjet.cli", "torch.distributed.run", STARTUP_IMPORTS[domain]):
+    for module in ("voxjet.cli, torch", "torch.distributed.run", STARTUP_IMPORTS[domain]):
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", f"import {module}"], check=True,
                        capture_output=True)  # fmt: skip

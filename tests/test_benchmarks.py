@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 CASES = {
     "dag_parse": ["--files", "40", "--cases", "4", "--runs", "4"],
     "data_parallel": ["--tiny", "--steps", "2"],
+    "job_prediction": ["--repeats", "1", "--steps", "40"],
     "scale_rehearsal": ["--jets", "4000", "--files", "8", "--pool", "60", "--work", "rehearsal"],
     "jets_training": ["--steps", "21", "--batch", "32", "--particles", "16"],
     # batches small enough that both loader workers get one from a few hundred jets a file

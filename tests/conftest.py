@@ -108,7 +108,6 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
-@pytest.fixture
 def run_pfn_workflow(workflow_dir: Path, source: dict, jets: dict,
                      train: dict) -> subprocess.CompletedProcess:  # fmt: skip
     """Real snakemake (`-c 2`) over one jets dataset `jets` (its source and jets section) and
@@ -123,6 +122,7 @@ def run_pfn_workflow(workflow_dir: Path, source: dict, jets: dict,
     return run_snakemake(workflow_dir, "-c", "2")
 
 
+@pytest.fixture
 def demo_config() -> dict:
     """The demo config as a dict."""
     return yaml.safe_load((REPO / "config" / "config.yaml").read_text())

@@ -162,7 +162,7 @@ CASES = {
     ),
     "missing_branch": (
         lambda wf, c: _jets(c).update(particle_features=["part_deta", "part_detaa"]),
-        ["datasets.mine", "'part_detaa'", "jets.particle_features", "the tree has 'part_deta'"],
+        ["datasets.mine", "'part_detaa'", "jets.particle_features", "it has 'part_deta'"],
         lambda wf, c: _jets(c).update(particle_features=["part_deta", "part_dphi"]),
     ),
     "wrong_tree": (

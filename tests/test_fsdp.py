@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -148,3 +149,33 @@ def test_a_sweep_over_ddp_and_fsdp_plans_one_run_each(demo_config):
     fill_defaults(demo_config)
     runs = [r for r in expand_runs(demo_config).values() if r.params.get("train.data_parallel")]
     assert sorted(r.params["train.data_parallel"] for r in runs) == ["ddp", "fsdp"]
+
+
+def test_auto_trains_as_the_plan_chose_and_its_job_waits_for_the_plan(shards, tmp_path,
+                                                                      monkeypatch):  # fmt: skip
+    from voxjet.config import fill_defaults
+    from voxjet.training.task import settings_of
+    from voxjet.workflow import paths
+    from voxjet.workflow.graph import build
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {"datasets": {"p": {"domain": "jets", "source": {"prepared": str(shards)}}},
+           "experiments": {"part": {"dataset": "p", "model": PART,
+                                    "launch": {"gpus": 0, "cpu_processes": 2},
+                                    "train": {"data_parallel": "auto"}}}}  # fmt: skip
+    g = build(cfg, fill_defaults)
+    assert g.plan_for_auto("part") == [paths.RUN_PLAN]
+    run_config = json.loads(g.run_config("part"))
+    assert run_config["plan"] == paths.RUN_PLAN and run_config["run"] == "part"
+    Path(paths.RUN_PLAN).parent.mkdir(parents=True)
+    for scheme, want in (("fsdp", ("fsdp", 1)), ("ddp", ("ddp", 1)), ("pipeline", ("ddp", 2))):
+        plan = {"runs": [{"run": "part", "parallelism": {
+            "scheme": scheme, "options": [{"scheme": scheme, "processes": 2}]}}]}  # fmt: skip
+        Path(paths.RUN_PLAN).write_text(json.dumps(plan))
+        s = settings_of(run_config)
+        assert (s.data_parallel, s.pipeline_stages) == want
+    Path(paths.RUN_PLAN).write_text(json.dumps({"runs": []}))
+    with pytest.raises(VoxjetError, match="has no choice for run part"):
+        settings_of(run_config)
+    # the planner's own profile (one process, no plan given) keeps `auto`
+    assert settings_of({k: v for k, v in run_config.items() if k != "plan"}).data_parallel == "auto"

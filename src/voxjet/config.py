@@ -130,11 +130,13 @@ def _check_sharding(name: str, exp: Mapping[str, Any]) -> None:
     train, sweep = exp.get("train") or {}, exp.get("sweep") or {}
     dp = [train.get("data_parallel", "ddp"), *sweep.get("train.data_parallel", [])]
     stages = [train.get("pipeline_stages", 1), *sweep.get("train.pipeline_stages", [])]
-    if "fsdp" in dp and any(int(k) > 1 for k in stages):
+    if any(d in ("fsdp", "auto") for d in dp) and any(int(k) > 1 for k in stages):
         raise VoxjetError(
-            f"config key 'experiments.{name}.train.data_parallel': fsdp with pipeline_stages "
-            f"{max(int(k) for k in stages)}: a pipeline's stages are not sharded as well; use "
-            "data_parallel: ddp with pipeline stages, or fsdp with pipeline_stages: 1"
+            f"config key 'experiments.{name}.train.data_parallel': "
+            f"{'fsdp' if 'fsdp' in dp else 'auto'} with pipeline_stages "
+            f"{max(int(k) for k in stages)}: a pipeline's stages are not sharded as well (and "
+            "auto chooses the stages itself); use data_parallel: ddp with pipeline stages, or "
+            "fsdp or auto with pipeline_stages: 1"
         )
 
 

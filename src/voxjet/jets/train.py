@@ -34,7 +34,7 @@ from voxjet.jets.targets import (
     target_metrics,
 )
 from voxjet.training.loop import train
-from voxjet.training.task import TrainSettings
+from voxjet.training.task import TrainSettings, settings_of
 
 
 @torch.no_grad()
@@ -260,7 +260,7 @@ def make_task(shard_dir: str, run_config: dict[str, Any],
               read: dict | None = None) -> tuple[JetTask, TrainSettings]:  # fmt: skip
     """The task and settings a run config describes (for training, and for the planner's
     profile of one step)."""
-    s = TrainSettings(**run_config.get("train", {}))
+    s = settings_of(run_config)
     s.batch_size = s.batch_size or JET_BATCH_SIZE
     task = JetTask(shard_dir, dict(run_config.get("model", {})), s, ReadOptions.from_config(read))
     task.experiment = run_config.get("experiment", "")

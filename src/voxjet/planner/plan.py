@@ -565,7 +565,8 @@ def parallelism_markdown(par: dict[str, Any] | None) -> list[str]:
     limit = par["limit_bytes"]
     dev = f"{limit / 2**30:.3g} GiB a process" if limit else "no memory limit known"
     out = [f"Data parallelism at {n} processes ({dev}): **{par['scheme']}** — {par['why']}"
-           + (f" (the config asks for {par['configured']})"
+           + (" (train.data_parallel: auto: the run trains so)" if par["configured"] == "auto"
+              else f" (the config asks for {par['configured']})"
               if par["configured"] != par["scheme"] else "") + ".", "",
            "| scheme | memory a process | step | sent a step | fits |",
            "|---|---|---|---|---|"]  # fmt: skip

@@ -101,7 +101,11 @@ def _fully_shard(state: TrainState, task: Task, s: TrainSettings, rt: Runtime) -
 def parallelise(state: TrainState, task: Task, s: TrainSettings, rt: Runtime) -> None:
     """DDP or FSDP over the processes (train.data_parallel), or the model cut into pipeline
     stages (pipeline × data parallel on a 2-D mesh); compiled where train.compile says so."""
-    if s.data_parallel not in DATA_PARALLEL:
+    if s.data_parallel == "auto" and rt.distributed:
+        raise VoxjetError("train.data_parallel: auto is the plan's choice, and this run was "
+                          "given no plan: train it through the workflow (its job waits for "
+                          "plan_runs), or name ddp or fsdp")  # fmt: skip
+    if s.data_parallel not in (*DATA_PARALLEL, "auto"):
         raise VoxjetError(f"train.data_parallel {s.data_parallel!r}: use one of {DATA_PARALLEL}")
     if s.pipeline_stages > 1:
         if s.data_parallel == "fsdp":

@@ -49,6 +49,39 @@ class TrainSettings:
     augment_on: str | None = None  # volumes: "device" or "loader"; None: device on CUDA
 
 
+def settings_of(run_config: dict[str, Any]) -> TrainSettings:
+    """The run's TrainSettings; `data_parallel: auto` as its plan (`plan` in the run config,
+    results/plan/runs.json, which the workflow adds) chose: ddp, fsdp, or pipeline stages
+    across its processes. Without a plan `auto` stays (a profile's single process needs none;
+    a distributed run is refused by voxjet.training.state.parallelise)."""
+    train = dict(run_config.get("train") or {})
+    if train.get("data_parallel") == "auto" and run_config.get("plan"):
+        train.update(planned_parallelism(run_config))
+    return TrainSettings(**train)
+
+
+def planned_parallelism(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The train keys the plan's choice for this run sets."""
+    import json
+    from pathlib import Path
+
+    from voxjet.errors import VoxjetError
+
+    run, plan = run_config.get("run", "?"), run_config.get("plan")
+    try:
+        runs = json.loads(Path(plan).read_text())["runs"] if plan else []
+    except (OSError, ValueError, KeyError) as e:
+        raise VoxjetError(f"train.data_parallel: auto: the plan {plan} cannot be read ({e}); "
+                          "run `snakemake --until plan_runs` first") from e  # fmt: skip
+    chosen = next((p.get("parallelism") for p in runs if p.get("run") == run), None)
+    if not chosen:
+        raise VoxjetError(f"train.data_parallel: auto: the plan {plan} has no choice for run "
+                          f"{run}; rerun it: snakemake -R plan_runs --until plan_runs")  # fmt: skip
+    if chosen["scheme"] == "pipeline":
+        return {"data_parallel": "ddp", "pipeline_stages": chosen["options"][0]["processes"]}
+    return {"data_parallel": chosen["scheme"]}
+
+
 class Task(Protocol):
     """What a domain supplies to the loop."""
 

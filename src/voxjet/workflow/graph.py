@@ -9,6 +9,7 @@ No job decides what a later job does: the graph is whole at the dry run (no chec
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -49,6 +50,11 @@ from voxjet.volumes.dataset.settings import CASE_FOLDERS
 from voxjet.workflow import paths
 from voxjet.workflow.cases import CaseList, case_list, plan_digest
 from voxjet.workflow.sources import DatasetSources, stage_patterns
+
+
+def _parallel_auto(run: Run) -> bool:
+    return (run.config.get("train") or {}).get("data_parallel") == "auto"
+
 
 # the configuration whose spacing each folder of case files under results/<dataset>/ holds
 CONFIGURATION_OF_CASES = {folder: c for c, folder in CASE_FOLDERS.items()}
@@ -272,8 +278,12 @@ class Graph:
         return os.path.join(self.runs[run].run_dir, *inside)
 
     def run_config(self, run: str) -> Digested:
-        """The run's resolved config as JSON for --run-config (recorded by its digest)."""
-        return Digested(self.runs[run].as_json())
+        """The run's resolved config as JSON for --run-config (recorded by its digest); with
+        `train.data_parallel: auto`, the plan it reads the choice from."""
+        r = self.runs[run]
+        if not _parallel_auto(r):
+            return Digested(r.as_json())
+        return Digested(json.dumps({**r.config, "plan": paths.RUN_PLAN}, sort_keys=True))
 
     def evaluate_settings(self, run: str) -> dict[str, Any]:
         """The run's experiment's `evaluate:` section."""
@@ -292,8 +302,9 @@ class Graph:
                                 self.config["site"]["gpus_per_node"])  # fmt: skip
 
     def plan_for_auto(self, run: str) -> list[str]:
-        """A run whose GPUs the planner chooses waits for the plan."""
-        return [paths.RUN_PLAN] if self.runs[run].launch.auto else []
+        """A run whose GPUs or data parallelism the planner chooses waits for the plan."""
+        return [paths.RUN_PLAN] if self.runs[run].launch.auto or _parallel_auto(
+            self.runs[run]) else []  # fmt: skip
 
     def run_resources(self, run: str) -> dict[str, Any]:
         """A run's job's resources (its launch's)."""

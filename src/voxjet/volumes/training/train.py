@@ -24,7 +24,7 @@ from voxjet.io.handover import ReturningLoader
 from voxjet.io.node_local import localised
 from voxjet.io.remote import ReadOptions, read_json_at
 from voxjet.training.loop import train
-from voxjet.training.task import TrainSettings
+from voxjet.training.task import TrainSettings, settings_of
 from voxjet.volumes.dataset.splits import fold_splits
 from voxjet.volumes.evaluation.metrics import class_means, dice, mean_of, nanmean
 from voxjet.volumes.inference.cascade import PreviousStage
@@ -286,7 +286,7 @@ def make_task(
     """The task and settings a run config describes (for training, and for the planner's
     profile of one step)."""
     opts = ReadOptions.from_config(read)
-    s = TrainSettings(**run_config.get("train", {}))
+    s = settings_of(run_config)
     configuration = run_config.get("configuration", "3d_fullres")
     if s.augment_on is None:  # a GPU augments its batches; a CPU's loader does
         s.augment_on = "device" if job_device() == "cuda" else "loader"

@@ -97,6 +97,7 @@ class ParquetTable:
         meta = self.file.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self._schemas: dict[tuple[str, ...], pa.Schema] = {}
 
     def __enter__(self) -> ParquetTable:
         return self
@@ -137,9 +138,6 @@ class ParquetTable:
         offset = int(self.group_starts[first])
         table = table.slice(start - offset, stop - start)
         for name in names:
-            t = self.schema.field(name).type
-            if not _readable(t):
-                self.column_type(name)  # its message
             row = _first_null(table.column(name))
             if row is not None:
                 raise VoxjetError(
@@ -147,9 +145,18 @@ class ParquetTable:
                     f"{start + row}; fill it in the file, with a value jets.missing can "
                     "declare (e.g. -999), or drop such jets"
                 )
-        schema = pa.schema([pa.field(n, _not_null(self.schema.field(n).type), nullable=False)
-                            for n in names])  # fmt: skip
-        return ak.from_arrow(table.select(names).cast(schema))
+        return ak.from_arrow(table.select(names).cast(self._non_null(tuple(names))))
+
+    def _non_null(self, names: tuple[str, ...]) -> pa.Schema:
+        """The columns' schema without nullability (checked readable), made once a name set:
+        every step of a file reads the same columns."""
+        if names not in self._schemas:
+            for name in names:
+                self.column_type(name)  # a column of text or records: refused, named
+            self._schemas[names] = pa.schema(
+                [pa.field(n, _not_null(self.schema.field(n).type), nullable=False) for n in names]
+            )
+        return self._schemas[names]
 
     def arrays(self, names: list[str], entry_start: int = 0,
                entry_stop: int | None = None) -> ak.Array:  # fmt: skip

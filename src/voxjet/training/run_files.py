@@ -45,11 +45,10 @@ def whole_weights(state: TrainState) -> dict[str, Any]:
     return state.model.state_dict()
 
 
-def whole_digest(state: TrainState) -> str:
-    """param_digest of the whole model (an FSDP run's gathered: a collective)."""
+def whole_digest(state: TrainState, weights: dict[str, Any]) -> str:
+    """param_digest of the whole model, from its whole state dict `weights` (whole_weights')."""
     if not state.sharded:
         return param_digest(state.model)
-    weights = whole_weights(state)
     return _digest(weights[name] for name, _ in state.model.named_parameters())
 
 
@@ -174,8 +173,8 @@ class RunFiles:
             state.pipe.sync_params(state.model)
         # DDP keeps replicas identical; record each rank's digest so that is checkable (an FSDP
         # rank's: of the whole model gathered from the shards)
-        ranks = _gathered(rt, (whole_digest(state), meter.snapshot(rt.device)))
-        weights = whole_weights(state)
+        weights = whole_weights(state)  # an FSDP run's gathered once: digest and model.pt
+        ranks = _gathered(rt, (whole_digest(state, weights), meter.snapshot(rt.device)))
         if not rt.is_main:
             return
         cost = accounting.add_session(state.cost, accounting.combine_ranks([r[1] for r in ranks]))
